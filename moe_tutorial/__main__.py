@@ -1,0 +1,90 @@
+"""Command line: `python -m moe_tutorial info | train`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _info(args: argparse.Namespace) -> int:
+    from .hardware import capabilities
+
+    caps = capabilities(import_te=not args.no_te)
+    if args.json:
+        print(json.dumps(caps.to_dict(), indent=2))
+    else:
+        print(caps.describe_machine())
+        print()
+        print(caps.table())
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    import torch
+
+    from .config import course_mode, preset
+    from .data import load_protein_data
+    from .model import MoEForCausalLM
+    from .train import TrainSettings, evaluate, train
+
+    mode = course_mode(args.mode)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = preset(args.preset)
+    data = load_protein_data(config.max_seq_len, seed=args.seed)
+    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                             warmup_steps=min(args.steps // 10, 100), seed=args.seed,
+                             eval_every=max(args.steps // 10, 1))
+    torch.manual_seed(args.seed)
+    model = MoEForCausalLM(config, args.backend, device=device)
+    print(f"mode {mode}: preset {args.preset!r} ({sum(p.numel() for p in model.parameters()):,} "
+          f"parameters), {args.backend} experts, {device}, {torch.get_num_threads()} threads")
+    print(f"data: {data.num_sequences:,} sequences → {data.train.shape[0]:,} training windows of "
+          f"{config.max_seq_len} tokens; unigram baseline {data.unigram_nats:.3f} nats")
+    start = evaluate(model, data.val, settings.batch_size, settings.eval_batches)
+    history = train(model, data.train, settings, val=data.val)
+    print(f"\n{'step':>6} {'train loss':>11} {'val loss':>9} {'tokens/s':>9} {'minutes':>8}")
+    print(f"{0:>6} {'':>11} {start:>9.3f}")
+    for r in history:
+        if "val_loss" in r:
+            print(f"{r['step']:>6} {r['loss']:>11.3f} {r['val_loss']:>9.3f} "
+                  f"{r['tokens_per_s']:>9,.0f} {r['elapsed_s'] / 60:>8.2f}")
+    final = evaluate(model, data.val, settings.batch_size)  # all validation windows, not a sample
+    print(f"\nvalidation loss (all {data.val[:, 1:].numel():,} validation tokens): {start:.3f} → "
+          f"{final:.3f} nats; unigram baseline {data.unigram_nats:.3f} ({final - data.unigram_nats:+.3f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "device": device, "settings": {k: v for k, v in vars(args).items() if k != "run"},
+                       "unigram_nats": data.unigram_nats, "val_loss_start": start, "val_loss_final": final,
+                       "history": history}, f, indent=1)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moe_tutorial", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="what this machine can run (the capability table)")
+    info.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    info.add_argument("--no-te", action="store_true", help="do not import Transformer Engine")
+    info.set_defaults(run=_info)
+
+    tr = sub.add_parser("train", help="train a protein MoE LM on the shipped CATH sequences")
+    tr.add_argument("--preset", default="small")
+    tr.add_argument("--mode", choices=["small", "full"], default=None,
+                    help="course mode (default: $MOE_TUTORIAL_MODE, else full on GPU, small on CPU)")
+    tr.add_argument("--backend", default="grouped_torch", help="expert backend")
+    tr.add_argument("--device", default=None)
+    tr.add_argument("--steps", type=int, default=400)
+    tr.add_argument("--batch-size", type=int, default=16)
+    tr.add_argument("--lr", type=float, default=3e-3)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--json", default=None, help="write the history to this JSON file")
+    tr.set_defaults(run=_train)
+
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Model configuration and the course's presets.
+
+`MoEConfig` describes a Mixtral-style MoE causal language model. It is validated when it is
+built, so a bad value fails here, with the field's name, and not deep inside a matmul:
+
+    >>> cfg = preset("small")
+    >>> cfg.with_overrides(num_experts=16).num_experts
+    16
+    >>> MoEConfig(top_k=3, num_experts=2)          # doctest: +SKIP
+    ValueError: MoEConfig.top_k=3 is larger than num_experts=2 ...
+
+The course runs in one of two modes: `small` (CPU-sized, minutes on 2 cores) or `full`
+(GPU-sized). `course_mode()` resolves it from an explicit value, the `MOE_TUTORIAL_MODE`
+environment variable, or the hardware (full on a GPU, small otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .data import VOCAB_SIZE as PROTEIN_VOCAB_SIZE
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Architecture of a Mixtral-compatible MoE causal LM (field names follow the paper's terms;
+    `to_hf_config_kwargs()` maps them to transformers' `MixtralConfig`)."""
+
+    vocab_size: int = PROTEIN_VOCAB_SIZE
+    hidden_size: int = 128
+    intermediate_size: int = 256  # per expert
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2  # grouped-query attention: num_heads must be a multiple of it
+    num_experts: int = 8
+    top_k: int = 2
+    max_seq_len: int = 256
+    rope_theta: float = 1e6
+    norm_eps: float = 1e-5
+    aux_loss_coef: float = 0.02  # weight of the load-balancing loss in the training loss
+    init_std: float = 0.02
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                    "num_kv_heads", "num_experts", "top_k", "max_seq_len")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"MoEConfig.{name}={value!r} must be a positive integer")
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"MoEConfig.top_k={self.top_k} is larger than num_experts={self.num_experts}: "
+                "each token is sent to top_k distinct experts; lower top_k or add experts")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"MoEConfig.hidden_size={self.hidden_size} is not divisible by "
+                f"num_heads={self.num_heads}: every head gets hidden_size / num_heads dimensions")
+        if self.head_dim % 2:
+            raise ValueError(
+                f"MoEConfig.hidden_size / num_heads = {self.head_dim} is odd: rotary embeddings "
+                "rotate pairs of dimensions, so the head dimension must be even")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"MoEConfig.num_heads={self.num_heads} is not a multiple of "
+                f"num_kv_heads={self.num_kv_heads}: grouped-query attention shares each key/value "
+                "head among an equal number of query heads")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r} must be > 0")
+        if not self.aux_loss_coef >= 0:
+            raise ValueError(f"MoEConfig.aux_loss_coef={self.aux_loss_coef!r} must be >= 0")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"MoEConfig.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def with_overrides(self, **overrides) -> MoEConfig:
+        """A copy with some fields changed (validated again)."""
+        unknown = set(overrides) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"MoEConfig has no field(s) {sorted(unknown)}; "
+                             f"fields: {[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **overrides)
+
+    def active_params_per_token(self) -> int:
+        """Parameters a token's forward pass multiplies with (attention, top_k experts, router,
+        lm_head; embeddings are a lookup). 6 x this x tokens is the usual training FLOP count."""
+        h, i = self.hidden_size, self.intermediate_size
+        attn = h * self.num_heads * self.head_dim * 2 + h * self.num_kv_heads * self.head_dim * 2
+        experts = self.top_k * 3 * h * i
+        router = h * self.num_experts
+        return self.num_layers * (attn + experts + router) + h * self.vocab_size
+
+    def to_hf_config_kwargs(self) -> dict:
+        """Keyword arguments for transformers' `MixtralConfig` describing the same model."""
+        return dict(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            num_local_experts=self.num_experts, num_experts_per_tok=self.top_k,
+            max_position_embeddings=self.max_seq_len, rms_norm_eps=self.norm_eps,
+            router_aux_loss_coef=self.aux_loss_coef, initializer_range=self.init_std,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            tie_word_embeddings=False, sliding_window=None, attention_dropout=0.0,
+            router_jitter_noise=0.0,
+        )
+
+
+PRESETS: dict[str, MoEConfig] = {
+    # Unit tests: a forward + backward pass takes milliseconds.
+    "tiny": MoEConfig(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                      num_kv_heads=2, num_experts=4, top_k=2, max_seq_len=64),
+    # The CPU course mode: trains on the protein data in a few minutes on 2 cores.
+    "small": MoEConfig(hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
+                       num_kv_heads=2, num_experts=8, top_k=2, max_seq_len=256),
+    # Mixtral-8x7B's width with 2 layers: the single-GPU benchmark model.
+    "mixtral-2l": MoEConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                            num_layers=2, num_heads=32, num_kv_heads=8, num_experts=8, top_k=2,
+                            max_seq_len=4096, rope_theta=1e6, norm_eps=1e-5,
+                            aux_loss_coef=0.02, dtype="bfloat16"),
+    # The real thing (47B parameters; for FLOP and memory arithmetic, not for one GPU).
+    "mixtral-8x7b": MoEConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                              num_layers=32, num_heads=32, num_kv_heads=8, num_experts=8,
+                              top_k=2, max_seq_len=32768, rope_theta=1e6, norm_eps=1e-5,
+                              aux_loss_coef=0.02, dtype="bfloat16"),
+}
+
+
+def preset(name: str, **overrides) -> MoEConfig:
+    """One of `PRESETS`, optionally with fields overridden."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].with_overrides(**overrides) if overrides else PRESETS[name]
+
+
+COURSE_MODES = ("small", "full")
+MODE_ENV = "MOE_TUTORIAL_MODE"
+
+
+def course_mode(mode: str | None = None) -> str:
+    """Resolve the course mode: the argument, else $MOE_TUTORIAL_MODE, else `full` when a CUDA
+    GPU is present and `small` otherwise."""
+    chosen = mode or os.environ.get(MODE_ENV) or ("full" if torch.cuda.is_available() else "small")
+    if chosen not in COURSE_MODES:
+        source = "argument" if mode else f"${MODE_ENV}"
+        raise ValueError(f"course mode {chosen!r} (from the {source}) is not one of {COURSE_MODES}")
+    return chosen

@@ -1,0 +1,236 @@
+"""A Mixtral-compatible MoE causal language model, small enough to hold in your head.
+
+    tokens → embedding → N × [ RMSNorm → GQA attention (RoPE, causal) → + residual
+                               RMSNorm → MoE block (router → top-k experts) → + residual ]
+           → RMSNorm → lm_head → logits
+
+Module and parameter names follow HF transformers 5's `MixtralForCausalLM`, so a state dict
+moves between the two unchanged: `MoEForCausalLM.from_hf(hf_model)` and `to_hf_state_dict()`.
+The MoE block is `routing.Router` + `experts.ExpertMLP`; its `expert_backend` (naive loop,
+grouped GEMM, TE...) can be switched on a live model without touching the weights.
+
+The training loss is HF's: mean next-token cross-entropy + aux_loss_coef × the load-balancing
+loss pooled over all layers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import MoEConfig
+from .experts import ExpertMLP
+from .routing import Router, load_balancing_loss
+
+IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * weight, computed in fp32 (as HF Mixtral does) and cast back."""
+
+    def __init__(self, size: int, eps: float, *, dtype=None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rotary_cos_sin(seq_len: int, head_dim: int, theta: float, device, dtype):
+    """cos/sin tables [seq_len, head_dim] of rotary position embeddings (HF's 'default' rope)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x_i, x_{i+d/2}) by position-dependent angles; x is [B, heads, S, d]."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-second, first), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE, through F.scaled_dot_product_attention."""
+
+    def __init__(self, cfg: MoEConfig, *, dtype=None, device=None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        kw = dict(bias=False, dtype=dtype, device=device)
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, **kw)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, **kw)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, **kw)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MoEBlock(nn.Module):
+    """Router + experts. Returns the layer output and the router logits (for the aux loss)."""
+
+    def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
+        super().__init__()
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.top_k, dtype=dtype, device=device)
+        self.experts = ExpertMLP(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
+                                 expert_backend, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        routing = self.gate(x)
+        out = self.experts(x.reshape(-1, x.shape[-1]), routing.indices, routing.weights)
+        return out.view_as(x), routing.logits
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
+        self.self_attn = Attention(cfg, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
+        self.mlp = MoEBlock(cfg, expert_backend, dtype=dtype, device=device)
+
+    def forward(self, x, cos, sin):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        moe_out, router_logits = self.mlp(self.post_attention_layernorm(x))
+        return x + moe_out, router_logits
+
+
+class Decoder(nn.Module):
+    """The transformer body (HF's `MixtralModel`, reached as `.model`)."""
+
+    def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, expert_backend, dtype=dtype, device=device) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # [B, S, vocab]
+    loss: torch.Tensor | None = None  # lm_loss + aux_loss_coef * aux_loss (when targets given)
+    lm_loss: torch.Tensor | None = None  # mean next-token cross-entropy, nats
+    aux_loss: torch.Tensor | None = None  # load-balancing loss (top_k when perfectly balanced)
+    router_logits: tuple[torch.Tensor, ...] = ()  # one [B*S, E] tensor per layer
+
+
+class MoEForCausalLM(nn.Module):
+    """Mixtral-style MoE language model. `model(input_ids, targets)` → `CausalLMOutput`."""
+
+    def __init__(self, config: MoEConfig, expert_backend: str = "grouped_torch", *, device=None):
+        super().__init__()
+        self.config = config
+        dtype = config.torch_dtype
+        self.model = Decoder(config, expert_backend, dtype=dtype, device=device)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
+                                 dtype=dtype, device=device)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, ones for norms; the projections that write into the
+        residual stream (o_proj, down_proj) are scaled by 1/sqrt(2 * layers) (GPT-2's rule) so the
+        residual's variance does not grow with depth."""
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+                p.fill_(1.0)
+            elif name.endswith(("o_proj.weight", "experts.down_proj")):
+                p.normal_(0.0, residual_std)
+            else:
+                p.normal_(0.0, std)
+
+    # --- the expert backend of every MoE layer --------------------------------------------
+    @property
+    def expert_backend(self) -> str:
+        return self.model.layers[0].mlp.experts.backend
+
+    def set_expert_backend(self, name: str) -> MoEForCausalLM:
+        for layer in self.model.layers:
+            layer.mlp.experts.backend = name
+        return self
+
+    def expert_paths(self) -> list[str | None]:
+        """What each layer's experts ran in the last forward pass."""
+        return [layer.mlp.experts.last_path for layer in self.model.layers]
+
+    # --- forward ----------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> CausalLMOutput:
+        """input_ids [B, S]; targets [B, S] are the next tokens (targets[:, t] = the token after
+        input_ids[:, t]; IGNORE_INDEX to skip a position). Loss only when targets are given."""
+        seq_len = input_ids.shape[1]
+        if seq_len > self.config.max_seq_len:
+            raise ValueError(f"sequence length {seq_len} exceeds config.max_seq_len="
+                             f"{self.config.max_seq_len}")
+        x = self.model.embed_tokens(input_ids)
+        cos, sin = rotary_cos_sin(seq_len, self.config.head_dim, self.config.rope_theta,
+                                  x.device, x.dtype)
+        router_logits = []
+        for layer in self.model.layers:
+            x, logits = layer(x, cos, sin)
+            router_logits.append(logits)
+        logits = self.lm_head(self.model.norm(x))
+        out = CausalLMOutput(logits=logits, router_logits=tuple(router_logits))
+        if targets is not None:
+            out.lm_loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                          ignore_index=IGNORE_INDEX)
+            out.aux_loss = load_balancing_loss(router_logits, self.config.top_k)
+            out.loss = out.lm_loss + self.config.aux_loss_coef * out.aux_loss
+        return out
+
+    # --- HF transformers interoperability ---------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf_model, expert_backend: str = "grouped_torch") -> MoEForCausalLM:
+        """An equivalent model from a transformers `MixtralForCausalLM` (weights copied)."""
+        hf = hf_model.config
+        rope = getattr(hf, "rope_parameters", None) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"only the default RoPE is supported, the HF model uses {rope['rope_type']!r}")
+        if getattr(hf, "sliding_window", None) is not None:
+            raise ValueError(f"the HF model uses sliding-window attention "
+                             f"(sliding_window={hf.sliding_window}); this model attends to the whole causal context")
+        if getattr(hf, "tie_word_embeddings", False):
+            raise ValueError("the HF model ties lm_head to the embeddings; Mixtral does not, nor does this model")
+        dtype = next(hf_model.parameters()).dtype
+        config = MoEConfig(
+            vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
+            num_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
+            num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
+            max_seq_len=hf.max_position_embeddings, rope_theta=float(rope.get("rope_theta", 1e6)),
+            norm_eps=hf.rms_norm_eps, aux_loss_coef=hf.router_aux_loss_coef,
+            init_std=hf.initializer_range, dtype=str(dtype).removeprefix("torch."))
+        head_dim = getattr(hf, "head_dim", None) or config.head_dim
+        if head_dim != config.head_dim:
+            raise ValueError(f"the HF model's head_dim={head_dim} differs from hidden/heads="
+                             f"{config.head_dim}; this model derives it from hidden/heads")
+        device = next(hf_model.parameters()).device
+        model = cls(config, expert_backend, device=device)
+        model.load_state_dict(_normalise_hf_keys(hf_model.state_dict()))
+        return model
+
+    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """A state dict that transformers' `MixtralForCausalLM.load_state_dict` accepts."""
+        return dict(self.state_dict())
+
+
+def _normalise_hf_keys(state: dict) -> dict:
+    """HF Mixtral keys → ours. They are the same in transformers 5 (`...mlp.gate.weight`,
+    `...mlp.experts.gate_up_proj`); early 5.x releases named the MoE block `block_sparse_moe`."""
+    return {k.replace(".block_sparse_moe.", ".mlp."): v for k, v in state.items()}

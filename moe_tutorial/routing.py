@@ -1,0 +1,158 @@
+"""Routing: which experts each token visits, and moving tokens to their experts and back.
+
+A router scores every token against every expert (one linear layer), turns the scores into
+probabilities with a softmax in fp32, keeps the top-k experts of each token and renormalises
+those k probabilities to sum to one — exactly what HF transformers' Mixtral does.
+
+Experts are fast when each one sees its tokens as one contiguous block of rows. `permute`
+sorts the T x k token copies by expert, so expert e owns rows
+`[offsets[e], offsets[e] + m_splits[e])` of one buffer (`m_splits` is what TE's GroupedLinear
+calls the per-expert row counts). Low-precision GEMMs also need every block's row count to be a
+multiple of an alignment (16 for FP8 per-tensor scaling, 32 for MXFP8, 128 for FP8 block scaling,
+256 for the fused grouped MLP): `align` pads each block with zero rows. `unpermute` is the exact
+inverse: it gathers each token's k expert outputs (never a padding row), weights them by the
+routing probabilities and sums them.
+
+Everything here is plain differentiable torch with no Python loop over tokens or experts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class RouterOutput:
+    logits: torch.Tensor  # [T, E] raw scores, in the hidden states' dtype
+    weights: torch.Tensor  # [T, k] fp32 routing weights of the chosen experts (sum to 1)
+    indices: torch.Tensor  # [T, k] int64 chosen experts, most probable first
+
+
+def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax in fp32 → top-k → renormalise the k weights. Returns (weights fp32, indices)."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, indices = torch.topk(probs, top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), indices
+
+
+class Router(nn.Module):
+    """The gate of a MoE layer (HF Mixtral's `MixtralTopKRouter`: one bias-free linear layer)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, dtype=None, device=None):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype, device=device))
+
+    def forward(self, hidden: torch.Tensor) -> RouterOutput:
+        logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight)
+        weights, indices = route(logits, self.top_k)
+        return RouterOutput(logits, weights, indices)
+
+
+def load_balancing_loss(router_logits: Sequence[torch.Tensor], top_k: int) -> torch.Tensor:
+    """Switch-Transformer load-balancing loss over all layers, as HF Mixtral computes it.
+
+    With f_e the share of (token, slot) assignments that go to expert e and P_e the mean router
+    probability of expert e, both pooled over all layers' tokens, the loss is E * sum_e f_e P_e.
+    It is smallest (= top_k) when routing is uniform, and grows as experts are over-used.
+    """
+    logits = torch.cat([layer.float() for layer in router_logits], dim=0)  # [layers*T, E]
+    num_experts = logits.shape[-1]
+    probs = torch.softmax(logits, dim=-1)
+    chosen = torch.topk(probs, top_k, dim=-1).indices
+    # Counting is not differentiable (and need not be): the gradient flows through P_e.
+    assignments = torch.bincount(chosen.reshape(-1), minlength=num_experts).to(probs.dtype)
+    tokens_per_expert = assignments / logits.shape[0]
+    return num_experts * torch.sum(tokens_per_expert * probs.mean(dim=0))
+
+
+@dataclass(frozen=True)
+class Permutation:
+    """Where every routed token copy went; everything `unpermute` needs to undo `permute`."""
+
+    token_index: torch.Tensor  # [N] source token of each copy, in expert-sorted order (N = T*k)
+    row_index: torch.Tensor  # [N] row of each sorted copy in the (padded) expert buffer
+    assignment_rows: torch.Tensor  # [T, k] buffer row of each token's k-th expert output
+    tokens_per_expert: torch.Tensor  # [E] int64 real rows per expert
+    m_splits: torch.Tensor  # [E] int64 rows per expert after padding to `align`
+    num_rows: int  # total rows of the buffer (sum of m_splits)
+    align: int
+
+    @property
+    def offsets(self) -> torch.Tensor:
+        """[E] int32 cumulative row ends: the `offs` argument of torch._grouped_mm."""
+        return torch.cumsum(self.m_splits, 0).to(torch.int32)
+
+    @property
+    def padded(self) -> bool:
+        return self.num_rows != self.token_index.numel()
+
+
+def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor | None,
+            num_experts: int, align: int = 1):
+    """Sort token copies by expert, padding each expert's block of rows to a multiple of `align`.
+
+    hidden [T, H], indices [T, k] (expert of each token's k-th slot), weights [T, k] or None.
+    Returns (rows [R, H], row_weights [R] fp32 or None, Permutation); padding rows are zero and
+    carry weight zero. Tokens keep their original order within an expert (a stable sort).
+    """
+    if align < 1:
+        raise ValueError(f"align={align} must be a positive number of rows (1 = no padding)")
+    num_tokens, top_k = indices.shape
+    if hidden.shape[0] != num_tokens:
+        raise ValueError(f"hidden has {hidden.shape[0]} rows but indices has {num_tokens}")
+    flat_experts = indices.reshape(-1)
+    sort_order = torch.argsort(flat_experts, stable=True)
+    sorted_experts = flat_experts[sort_order]
+    token_index = sort_order // top_k
+
+    tokens_per_expert = torch.bincount(flat_experts, minlength=num_experts)
+    if tokens_per_expert.numel() != num_experts:
+        raise ValueError(f"indices name expert {int(flat_experts.max())}, "
+                         f"but there are only {num_experts} experts")
+    m_splits = (tokens_per_expert + align - 1) // align * align
+    real_starts = torch.cumsum(tokens_per_expert, 0) - tokens_per_expert
+    padded_starts = torch.cumsum(m_splits, 0) - m_splits
+    rank_in_expert = torch.arange(sort_order.numel(), device=indices.device) - real_starts[sorted_experts]
+    row_index = padded_starts[sorted_experts] + rank_in_expert
+    num_rows = int(m_splits.sum())  # one host sync: the buffer's size decides kernel shapes
+
+    assignment_rows = torch.empty_like(row_index).scatter_(0, sort_order, row_index)
+    perm = Permutation(token_index, row_index, assignment_rows.view(num_tokens, top_k),
+                       tokens_per_expert, m_splits, num_rows, align)
+    gathered = hidden.index_select(0, token_index)
+    rows = _scatter_rows(gathered, perm)
+    row_weights = None
+    if weights is not None:
+        row_weights = _scatter_rows(weights.float().reshape(-1)[sort_order], perm)
+    return rows, row_weights, perm
+
+
+def _scatter_rows(sorted_values: torch.Tensor, perm: Permutation) -> torch.Tensor:
+    """Place expert-sorted values into their (padded) buffer rows; padding stays zero."""
+    if not perm.padded:  # row_index is then 0..N-1: the sorted order is the buffer
+        return sorted_values
+    buffer = sorted_values.new_zeros((perm.num_rows, *sorted_values.shape[1:]))
+    return buffer.index_copy(0, perm.row_index, sorted_values)
+
+
+def unpermute(rows: torch.Tensor, perm: Permutation, weights: torch.Tensor | None) -> torch.Tensor:
+    """Inverse of `permute`: out[t] = sum_j weights[t, j] * rows[row of (t, j)].
+
+    Pass `weights=None` when the expert outputs are already scaled by their routing weights
+    (the te.ops path applies them inside ScaledSwiGLU). The k outputs of a token are summed in
+    fp32, in a fixed order (deterministic, unlike index_add's atomics on a GPU), then cast back.
+    """
+    if rows.shape[0] != perm.num_rows:
+        raise ValueError(f"expected {perm.num_rows} expert-output rows (the permuted buffer), "
+                         f"got {rows.shape[0]}")
+    num_tokens, top_k = perm.assignment_rows.shape
+    per_slot = rows.index_select(0, perm.assignment_rows.reshape(-1)).view(num_tokens, top_k, -1)
+    if weights is None:
+        return per_slot.sum(dim=1, dtype=torch.float32).to(rows.dtype)
+    return (per_slot * weights.unsqueeze(-1).float()).sum(dim=1).to(rows.dtype)

@@ -1,0 +1,100 @@
+import pytest
+import torch
+
+from moe_tutorial.experts import BACKENDS, ExpertMLP, grouped_mm
+from moe_tutorial.routing import route
+
+
+def _experts(E=4, H=16, I=24, dtype=torch.float32):
+    experts = ExpertMLP(E, H, I, dtype=dtype)
+    torch.nn.init.normal_(experts.gate_up_proj, std=0.2)
+    torch.nn.init.normal_(experts.down_proj, std=0.2)
+    return experts
+
+
+def _run(experts, backend, x, idx, w):
+    experts.backend = backend
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    experts.zero_grad()
+    out = experts(x, idx, w)
+    out.square().sum().backward()
+    return out, x.grad, w.grad, experts.gate_up_proj.grad.clone(), experts.down_proj.grad.clone()
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 24), (8, 32, 64), (3, 6, 10)])
+def test_backends_agree_to_fp32_rounding(shape):
+    E, H, I = shape
+    experts = _experts(E, H, I)
+    x = torch.randn(50, H)
+    w, idx = route(torch.randn(50, E), 2)
+    ref = _run(experts, "naive", x, idx, w)
+    got = _run(experts, "grouped_torch", x, idx, w)
+    for a, b in zip(ref, got):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_an_expert_with_no_tokens_gets_zero_gradient():
+    experts = _experts()
+    x = torch.randn(12, 16)
+    idx = torch.tensor([[0, 1]] * 12)
+    w = torch.full((12, 2), 0.5)
+    for backend in ("naive", "grouped_torch"):
+        _, _, _, g_gate_up, g_down = _run(experts, backend, x, idx, w)
+        assert torch.all(g_gate_up[2:] == 0) and torch.all(g_down[2:] == 0)
+        assert g_gate_up[:2].abs().sum() > 0
+
+
+def test_backends_share_parameters():
+    experts = _experts()
+    params = [id(p) for p in experts.parameters()]
+    experts.backend = "naive"
+    experts.backend = "grouped_torch"
+    assert [id(p) for p in experts.parameters()] == params and len(params) == 2
+
+
+def test_last_path_reports_what_ran():
+    experts = _experts(H=16, I=24)
+    x = torch.randn(10, 16)
+    w, idx = route(torch.randn(10, 4), 2)
+    experts.backend = "grouped_torch"
+    experts(x, idx, w)
+    assert experts.last_path == "torch._grouped_mm"
+    experts.backend = "naive"
+    experts(x, idx, w)
+    assert experts.last_path.startswith("naive loop over")
+
+
+def test_grouped_mm_fallback_for_unaligned_rows():
+    # 6 float32 values = 24 bytes per row: torch._grouped_mm refuses, the loop takes over.
+    x, w = torch.randn(9, 6), torch.randn(3, 5, 6)
+    offsets = torch.tensor([2, 2, 9], dtype=torch.int32)  # expert 1 gets no rows
+    out, path = grouped_mm(x, w, offsets)
+    assert path.startswith("per-expert matmul loop") and "16 bytes" in path
+    expected = torch.cat([x[:2] @ w[0].T, x[2:9] @ w[2].T])
+    torch.testing.assert_close(out, expected)
+
+
+def test_grouped_mm_kernel_matches_loop():
+    x, w = torch.randn(20, 16), torch.randn(4, 8, 16)
+    offsets = torch.tensor([5, 5, 12, 20], dtype=torch.int32)
+    out, path = grouped_mm(x, w, offsets)
+    assert path == "torch._grouped_mm"
+    expected = torch.cat([x[:5] @ w[0].T, x[5:12] @ w[2].T, x[12:] @ w[3].T])
+    torch.testing.assert_close(out, expected)
+
+
+def test_bf16_backends_agree():
+    experts = _experts(dtype=torch.bfloat16)
+    x = torch.randn(64, 16, dtype=torch.bfloat16)
+    w, idx = route(torch.randn(64, 4), 2)
+    ref = _run(experts, "naive", x, idx, w)[0].float()
+    got = _run(experts, "grouped_torch", x, idx, w)[0].float()
+    # bf16 keeps 8 bits of mantissa: the two orders of summation differ by a few ulps.
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown expert backend 'fast'.*grouped_torch"):
+        ExpertMLP(2, 4, 4, backend="fast")
+    assert set(BACKENDS) >= {"naive", "grouped_torch"}

@@ -1,0 +1,102 @@
+"""Our model against HF transformers' MixtralForCausalLM: same weights, same outputs."""
+
+import pytest
+import torch
+
+from moe_tutorial.config import preset
+from moe_tutorial.model import IGNORE_INDEX, MoEForCausalLM
+
+transformers = pytest.importorskip("transformers", minversion="5.0")
+
+
+def _hf_model(cfg, experts_implementation):
+    hf_config = transformers.MixtralConfig(**cfg.to_hf_config_kwargs())
+    model = transformers.MixtralForCausalLM._from_config(
+        hf_config, attn_implementation="sdpa", experts_implementation=experts_implementation,
+        dtype=torch.float32)
+    assert model.config._experts_implementation == experts_implementation
+    return model
+
+
+def _next_token_targets(ids):
+    return torch.cat([ids[:, 1:], torch.full((ids.shape[0], 1), IGNORE_INDEX)], dim=1)
+
+
+@pytest.mark.parametrize("hf_experts", ["eager", "grouped_mm"])
+@pytest.mark.parametrize("backend", ["naive", "grouped_torch"])
+def test_parity_with_hf_mixtral(hf_experts, backend):
+    cfg = preset("tiny")
+    hf = _hf_model(cfg, hf_experts)
+    ours = MoEForCausalLM.from_hf(hf, expert_backend=backend)
+    ids = torch.randint(0, cfg.vocab_size, (3, 24))
+
+    ref = hf(ids, labels=ids, output_router_logits=True)
+    out = ours(ids, _next_token_targets(ids))
+    assert (out.logits - ref.logits).abs().max().item() <= 1e-4
+    torch.testing.assert_close(out.aux_loss, ref.aux_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-6, atol=1e-6)
+
+    ref.loss.backward()
+    out.loss.backward()
+    hf_params = dict(hf.named_parameters())
+    assert set(hf_params) == {n for n, _ in ours.named_parameters()}
+    for name, p in ours.named_parameters():
+        g_ref = hf_params[name].grad
+        rel = ((p.grad - g_ref).norm() / g_ref.norm().clamp_min(1e-12)).item()
+        assert rel <= 1e-4, f"{name}: relative gradient difference {rel:.2e}"
+
+
+def test_state_dict_round_trip_into_hf():
+    cfg = preset("tiny")
+    ours = MoEForCausalLM(cfg)  # our own initialisation
+    hf = _hf_model(cfg, "eager")
+    missing, unexpected = hf.load_state_dict(ours.to_hf_state_dict(), strict=True)
+    assert not missing and not unexpected
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    torch.testing.assert_close(ours(ids).logits, hf(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_from_hf_refuses_what_it_cannot_represent():
+    cfg = preset("tiny")
+    hf = _hf_model(cfg, "eager")
+    hf.config.sliding_window = 8
+    with pytest.raises(ValueError, match="sliding_window=8"):
+        MoEForCausalLM.from_hf(hf)
+
+
+def test_ignored_targets_and_sequence_limit():
+    cfg = preset("tiny")
+    model = MoEForCausalLM(cfg)
+    ids = torch.randint(0, cfg.vocab_size, (2, 8))
+    targets = torch.full_like(ids, IGNORE_INDEX)
+    targets[:, 0] = ids[:, 1]
+    out = model(ids, targets)
+    manual = torch.nn.functional.cross_entropy(out.logits[:, 0].float(), ids[:, 1])
+    torch.testing.assert_close(out.lm_loss, manual)
+    assert len(out.router_logits) == cfg.num_layers
+    assert model(ids).loss is None
+    with pytest.raises(ValueError, match="exceeds config.max_seq_len=64"):
+        model(torch.zeros(1, 65, dtype=torch.long))
+
+
+def test_switching_backend_keeps_outputs():
+    model = MoEForCausalLM(preset("tiny"), expert_backend="naive")
+    ids = torch.randint(0, 24, (2, 16))
+    ref = model(ids).logits
+    model.set_expert_backend("grouped_torch")
+    assert model.expert_backend == "grouped_torch"
+    torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
+    assert model.expert_paths() == ["torch._grouped_mm"] * 2
+
+
+def test_bf16_model_runs_and_is_close_to_fp32():
+    cfg = preset("tiny")
+    model = MoEForCausalLM(cfg)
+    model16 = MoEForCausalLM(cfg.with_overrides(dtype="bfloat16"))
+    model16.load_state_dict(model.state_dict())
+    ids = torch.randint(0, cfg.vocab_size, (2, 16))
+    targets = _next_token_targets(ids)
+    loss, loss16 = model(ids, targets).loss, model16(ids, targets).loss
+    assert abs(loss.item() - loss16.item()) < 0.05
+    loss16.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model16.parameters())

@@ -1,0 +1,68 @@
+"""The project around the package: environment.yml, pyproject extras, CI entry, notebooks."""
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_environment_yml_parses_and_matches_pyproject_extras():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert env["channels"] == ["conda-forge"]
+    deps = env["dependencies"]
+    assert "python=3.12" in deps and "pip" in deps
+    pip_section = next(d["pip"] for d in deps if isinstance(d, dict))
+    installs = [line for line in pip_section if re.match(r"(-e\s+)?\.\[", line)]
+    assert len(installs) == 1, f"expected one install of the package itself, got {pip_section}"
+    extras = set(re.search(r"\[(.*)\]", installs[0]).group(1).split(","))
+    declared = set(_pyproject()["project"]["optional-dependencies"])
+    assert extras == {"course", "hf"} and extras <= declared
+    # conda's python must satisfy the package's requires-python
+    required = _pyproject()["project"]["requires-python"]
+    assert required == ">=3.10" and (3, 12) >= (3, 10)
+
+
+def test_pyproject_extras():
+    extras = _pyproject()["project"]["optional-dependencies"]
+    assert set(extras) >= {"hf", "course", "test", "gpu"}
+    names = {k: {re.split(r"[<>=\[ ]", d)[0] for d in v} for k, v in extras.items()}
+    assert names["course"] >= {"jupyterlab", "ipykernel", "ipywidgets", "anywidget", "plotly",
+                               "papermill", "tqdm"}
+    assert names["test"] >= {"pytest", "nbval", "papermill", "nbformat"}
+    assert any(d.startswith("transformers>=5") for d in extras["hf"])
+    assert any(d.startswith("transformer-engine[pytorch]") and "2.20" in d for d in extras["gpu"])
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "pip install torch==2.13.0" in ci
+    assert "make test" in ci and "make test" in readme and "make course" in readme
+    assert readme.index("make course") < readme.index("## ")  # the two commands come first
+
+
+def test_shipped_data_is_packaged_with_its_notice():
+    package_data = _pyproject()["tool"]["setuptools"]["package-data"]["moe_tutorial"]
+    assert "assets/*.fa.gz" in package_data and "assets/NOTICE" in package_data
+    assert (ROOT / "NOTICE").read_text() == (ROOT / "moe_tutorial/assets/NOTICE").read_text()
+    assert "CC BY 4.0" in (ROOT / "README.md").read_text()
+
+
+def test_notebooks_in_git_have_no_outputs():
+    tracked = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    dirty = []
+    for path in tracked:
+        nb = json.loads((ROOT / path).read_text())
+        if any(c.get("outputs") or c.get("execution_count") for c in nb["cells"]):
+            dirty.append(path)
+    assert not dirty, f"commit these notebooks without outputs: {dirty}"

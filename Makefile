@@ -6,12 +6,10 @@ RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 .PHONY: course test lab
 
 ## make course: run the course headless (small mode on CPU, full mode on a GPU) with a report
+#   (mode: $MOE_TUTORIAL_MODE=small|full, else by hardware; stops at the first failing notebook)
 course:
 	$(PIP) install -e ".[course,hf]"
-	mkdir -p $(RUN_DIR)
-	$(PYTHON) -m moe_tutorial info | tee $(RUN_DIR)/info.txt
-	$(PYTHON) -m moe_tutorial train --json $(RUN_DIR)/train.json | tee $(RUN_DIR)/train.txt
-	@echo "course run written to $(RUN_DIR)/"
+	$(PYTHON) -m moe_tutorial run --out $(RUN_DIR)
 
 ## make test: the test suite (CPU; GPU tests skip with a reason, run them with `pytest -m gpu`)
 test:

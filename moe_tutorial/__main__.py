@@ -1,4 +1,4 @@
-"""Command line: `python -m moe_tutorial info | train`."""
+"""Command line: `python -m moe_tutorial info | train | bench`."""
 
 from __future__ import annotations
 
@@ -60,6 +60,44 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import os
+
+    from . import bench
+    from .config import preset
+
+    partial: list[dict] = []
+
+    def write(obj):
+        if args.out:
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(obj, f, indent=1)
+
+    def keep(row):  # results so far reach the file even if the run is cut short
+        partial.append(row)
+        write({"environment": bench.environment(), "results": partial, "complete": False})
+
+    report = bench.run(device=args.device, shapes=args.shapes, routings=args.routings,
+                       expert=not args.no_expert, train=not args.no_train,
+                       train_preset=args.preset, train_variants=args.train_variants,
+                       batch=args.batch, seq_len=args.seq_len, warmup=args.warmup,
+                       iters=args.iters, optimizer=args.optimizer, on_result=keep)
+    write({**report, "complete": True})
+    if args.out:
+        print(f"\nwrote {args.out}")
+    for variant in args.profile or []:
+        device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
+        config = preset(args.preset or ("mixtral-2l" if device == "cuda" else "tiny"))
+        print("\n" + bench.profile_train_step(config, variant, batch=args.batch or 2,
+                                              seq_len=args.seq_len or 4096, device=device))
+    failed = [r for r in report["results"] if r.get("status") in ("error", "wrong")]
+    for r in failed:
+        print(f"FAILED: {r.get('variant') or (r['backend'], r['precision'])}: "
+              f"{r.get('error') or 'output outside tolerance'}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe_tutorial", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +119,29 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--json", default=None, help="write the history to this JSON file")
     tr.set_defaults(run=_train)
+
+    from .course import add_run_command
+    add_run_command(sub)  # `run`: execute the notebooks headless, write report.html
+
+    be = sub.add_parser("bench", help="benchmark the expert layer and the training step")
+    be.add_argument("--device", default=None)
+    be.add_argument("--shapes", nargs="+", default=None,
+                    help="expert shapes: mixtral fine_grained small tiny (default by device)")
+    be.add_argument("--routings", nargs="+", default=["balanced", "skewed"])
+    be.add_argument("--no-expert", action="store_true", help="skip the expert-layer benchmark")
+    be.add_argument("--no-train", action="store_true", help="skip the training-step benchmark")
+    be.add_argument("--preset", default=None, help="model of the training step (default by device)")
+    be.add_argument("--train-variants", nargs="+", default=None)
+    be.add_argument("--batch", type=int, default=None)
+    be.add_argument("--seq-len", type=int, default=None)
+    be.add_argument("--warmup", type=int, default=None)
+    be.add_argument("--iters", type=int, default=None)
+    be.add_argument("--optimizer", default="torch_adamw", choices=["torch_adamw", "te_fused_adam"],
+                    help="optimizer of our training-step variants (HF uses torch's fused AdamW)")
+    be.add_argument("--out", default=None, help="write the results as JSON here")
+    be.add_argument("--profile", nargs="+", default=None,
+                    help="also print a torch.profiler table of these training-step variants")
+    be.set_defaults(run=_bench)
 
     args = parser.parse_args(argv)
     return args.run(args)

@@ -17,27 +17,84 @@ model switches backend (`experts.backend = "grouped_torch"`) without copying a w
   GEMM per projection over all experts (`torch._grouped_mm`, CUTLASS on sm_80+ GPUs), and one
   gather back (`routing.unpermute`).
 
-Backends are registered in `BACKENDS` (name → function with the signature of `naive_experts`);
-the GPU issue adds TE's `te_grouped_linear` and `te_ops` there. `ExpertMLP.last_path` says what
-actually ran in the last forward pass (e.g. when `torch._grouped_mm` could not take the shapes
-and the documented fallback ran instead).
+Two more backends run Transformer Engine. They keep the weights in TE's own per-expert
+parameters (`weight0 .. weight{E-1}`), so switching to them converts the weights (both ways:
+`convert_experts`, `hf_weights()`):
+
+* `te_grouped_linear` — `TEGroupedLinearExperts`: two `te.GroupedLinear` (gate-up, down), SwiGLU
+  in between, routing weights applied when the outputs are merged back.
+* `te_ops` — `TEOpsExperts`: `te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)`;
+  the routing weights enter `ScaledSwiGLU`, so the whole expert MLP is one fusible op chain. On
+  Blackwell with MXFP8, TE can fuse it into one CuTe-DSL kernel; that kernel wants the gate and
+  up rows interleaved in blocks of 32 (`glu_interleave_size=32`), which the weight conversion
+  does (`interleave_glu`).
+
+On a GPU both use TE's permutation kernels (`moe_permute_and_pad_with_probs` / `moe_unpermute`),
+padding each expert's rows to `align` (what the active FP8 recipe needs). Without TE (a CPU) they
+run pure-PyTorch modules with the same parameters and the same semantics, and say so.
+
+Every experts module has `forward(hidden [T, H], indices [T, k], weights [T, k]) -> [T, H]`,
+`.backend`, and `.last_path`: what actually ran in the last forward pass (e.g. when
+`torch._grouped_mm` could not take the shapes and the documented fallback ran instead, or whether
+TE fused the te.ops chain).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import hardware
 from .routing import permute, unpermute
 
+TORCH_BACKENDS = ("naive", "grouped_torch")
+TE_BACKENDS = ("te_grouped_linear", "te_ops")
+EXPERT_BACKENDS = TORCH_BACKENDS + TE_BACKENDS
 
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """SwiGLU on a fused gate-up projection: silu of the first half times the second half."""
-    gate, up = gate_up.chunk(2, dim=-1)
+
+def swiglu(gate_up: torch.Tensor, glu_interleave_size: int | None = None) -> torch.Tensor:
+    """SwiGLU on a fused gate-up projection: silu(gate) * up, where gate is the first half of the
+    features and up the second — or, with `glu_interleave_size=n`, alternating blocks of n gate
+    and n up features (TE's interleaved layout, see `interleave_glu`)."""
+    if glu_interleave_size:
+        blocks = gate_up.unflatten(-1, (-1, 2, glu_interleave_size))
+        gate, up = blocks.select(-2, 0).flatten(-2), blocks.select(-2, 1).flatten(-2)
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def scaled_swiglu(gate_up: torch.Tensor, scales: torch.Tensor,
+                  glu_interleave_size: int | None = None) -> torch.Tensor:
+    """TE's `ScaledSwiGLU` in PyTorch: SwiGLU of each row times that row's scale (its routing
+    weight), computed in fp32 and returned in the input's dtype."""
+    out = swiglu(gate_up.float(), glu_interleave_size) * scales.float().unsqueeze(-1)
+    return out.to(gate_up.dtype)
+
+
+def interleave_glu(gate_up_weight: torch.Tensor, block: int) -> torch.Tensor:
+    """[..., 2I, H] rows (I gate rows, then I up rows) → blocks of `block` gate rows alternating
+    with `block` up rows: the layout TE's `glu_interleave_size=block` reads."""
+    *lead, rows, cols = gate_up_weight.shape
+    half = rows // 2
+    if rows % 2 or half % block:
+        raise ValueError(f"the intermediate size {half} must be a multiple of the GLU interleave "
+                         f"block {block}")
+    gate, up = gate_up_weight.split(half, dim=-2)
+    pairs = torch.stack((gate.unflatten(-2, (-1, block)), up.unflatten(-2, (-1, block))), dim=-3)
+    return pairs.reshape(*lead, rows, cols)
+
+
+def deinterleave_glu(weight: torch.Tensor, block: int) -> torch.Tensor:
+    """Inverse of `interleave_glu`."""
+    *lead, rows, cols = weight.shape
+    pairs = weight.reshape(*lead, rows // (2 * block), 2, block, cols)
+    return torch.cat((pairs.select(-3, 0).flatten(-3, -2), pairs.select(-3, 1).flatten(-3, -2)),
+                     dim=-2)
 
 
 def naive_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tensor,
@@ -132,6 +189,307 @@ class ExpertMLP(nn.Module):
         """hidden [T, H], indices [T, k] chosen experts, weights [T, k] their routing weights."""
         return BACKENDS[self._backend](self, hidden, indices, weights)
 
+    @torch.no_grad()
+    def hf_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up_proj, down_proj): this module's own layout is the HF layout."""
+        return self.gate_up_proj.detach().clone(), self.down_proj.detach().clone()
+
+    @torch.no_grad()
+    def load_hf_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+        self.gate_up_proj.copy_(gate_up_proj)
+        self.down_proj.copy_(down_proj)
+
+    def hf_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.gate_up_proj.grad, self.down_proj.grad
+
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_size}, "
                 f"intermediate={self.intermediate_size}, backend={self._backend!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformer Engine backends (pure-PyTorch counterparts where TE is absent)
+
+
+@dataclass
+class Dispatched:
+    """Token copies sorted by expert, ready for grouped GEMMs, and how to put them back."""
+
+    rows: torch.Tensor  # [R, H], each expert's rows padded to the alignment with zero rows
+    row_weights: torch.Tensor  # [R] fp32 routing weight of each row (0 on padding)
+    m_splits: torch.Tensor  # [E] int64 rows per expert (padded)
+    combine: Callable[[torch.Tensor, bool], torch.Tensor]  # (expert rows, apply weights?) -> [T, H]
+    path: str  # which permutation ran
+
+
+def dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+             num_experts: int, align: int, te=None) -> Dispatched:
+    """Permute token copies to their experts: TE's fused kernels when `te` is given, else
+    `routing.permute` (the reference, same result)."""
+    if te is None:
+        rows, row_weights, perm = permute(hidden, indices, weights, num_experts, align)
+        return Dispatched(rows, row_weights, perm.m_splits,
+                          lambda y, merge: unpermute(y, perm, weights if merge else None),
+                          "routing.permute")
+    num_tokens = hidden.shape[0]
+    routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.int32, device=hidden.device)
+    routing_map.scatter_(1, indices, 1)
+    probs = torch.zeros(num_tokens, num_experts, dtype=torch.float32,
+                        device=hidden.device).scatter(1, indices, weights.float())
+    rows, row_weights, row_id_map, pad_offsets, m_splits = te.moe_permute_and_pad_with_probs(
+        hidden, probs, routing_map, routing_map.sum(0), align)
+
+    def combine(y, merge):
+        return te.moe_unpermute(y, row_id_map, merging_probs=probs if merge else None,
+                                restore_shape=hidden.shape, pad_offsets=pad_offsets)
+
+    return Dispatched(rows, row_weights, m_splits, combine, "te.moe_permute_and_pad_with_probs")
+
+
+class ReferenceGroupedLinear(nn.Module):
+    """`te.GroupedLinear` / `te.ops.GroupedLinear` without bias, in PyTorch: the same per-group
+    parameters `weight0 .. weight{E-1}` ([out, in]), `forward(x, m_splits)`."""
+
+    def __init__(self, num_groups: int, in_features: int, out_features: int, *, dtype=None,
+                 device=None):
+        super().__init__()
+        self.num_groups = num_groups
+        for g in range(num_groups):
+            self.register_parameter(f"weight{g}", nn.Parameter(
+                torch.empty(out_features, in_features, dtype=dtype, device=device)))
+
+    def forward(self, x: torch.Tensor, m_splits) -> torch.Tensor:
+        weight = torch.stack([getattr(self, f"weight{g}") for g in range(self.num_groups)])
+        offsets = torch.cumsum(torch.as_tensor(m_splits, device=x.device), 0).to(torch.int32)
+        return grouped_mm(x, weight, offsets)[0]
+
+
+class ReferenceGroupedMLP(nn.Sequential):
+    """`te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)` in PyTorch: the same
+    parameters (`0.weight{e}`, `2.weight{e}`), called as `(x, splits, scales, splits)`."""
+
+    def __init__(self, num_experts, hidden, intermediate, glu_interleave_size, *, dtype, device):
+        super().__init__(
+            ReferenceGroupedLinear(num_experts, hidden, 2 * intermediate, dtype=dtype, device=device),
+            nn.Identity(),  # stands where ScaledSwiGLU stands, so parameter names match TE's
+            ReferenceGroupedLinear(num_experts, intermediate, hidden, dtype=dtype, device=device))
+        self.glu_interleave_size = glu_interleave_size
+
+    def forward(self, x, fc1_splits, scales, fc2_splits):
+        h = scaled_swiglu(self[0](x, fc1_splits), scales, self.glu_interleave_size)
+        return self[2](h, fc2_splits)
+
+
+class _TEExperts(nn.Module):
+    """What the two TE backends share: sizes, alignment, weight conversion, which path ran."""
+
+    backend = ""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype=None,
+                 device=None, align: int = 1):
+        super().__init__()
+        self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.intermediate_size = intermediate_size
+        self.align = align  # rows per expert are padded to a multiple of this (FP8 needs 16+)
+        on_gpu = device is not None and torch.device(device).type == "cuda"
+        self._te = hardware.transformer_engine() if on_gpu else None
+        self.last_path: str | None = None
+
+    @property
+    def uses_te(self) -> bool:
+        return self._te is not None
+
+    def _fallback_note(self) -> str:
+        return "" if self.uses_te else " [pure-PyTorch counterpart: " + (
+            "no CUDA device" if not torch.cuda.is_available() else
+            hardware.capabilities()["te_grouped_linear"].reason) + "]"
+
+    def _linears(self) -> tuple[nn.Module, nn.Module]:
+        raise NotImplementedError
+
+    def _fc1_rows(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return gate_up  # subclasses reorder rows (GLU interleave) here
+
+    def _fc1_rows_to_hf(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
+
+    @torch.no_grad()
+    def load_hf_weights(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+        """Copy weights from the HF layout (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`)."""
+        fc1, fc2 = self._linears()
+        for e in range(self.num_experts):
+            getattr(fc1, f"weight{e}").copy_(self._fc1_rows(gate_up_proj[e]))
+            getattr(fc2, f"weight{e}").copy_(down_proj[e])
+
+    @torch.no_grad()
+    def _stack_hf(self, of) -> tuple[torch.Tensor, torch.Tensor]:
+        fc1, fc2 = self._linears()
+        gate_up = torch.stack([self._fc1_rows_to_hf(of(getattr(fc1, f"weight{e}")))
+                               for e in range(self.num_experts)])
+        down = torch.stack([of(getattr(fc2, f"weight{e}")) for e in range(self.num_experts)])
+        return gate_up, down
+
+    def hf_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights in HF layout: (gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
+        return self._stack_hf(lambda w: w.detach().clone())
+
+    def hf_gradients(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weights' gradients in HF layout (after a backward pass)."""
+        return self._stack_hf(lambda w: w.grad)
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden={self.hidden_size}, "
+                f"intermediate={self.intermediate_size}, align={self.align}, "
+                f"{'Transformer Engine' if self.uses_te else 'pure-PyTorch counterpart'}")
+
+
+class TEGroupedLinearExperts(_TEExperts):
+    """Backend `te_grouped_linear`: two `te.GroupedLinear`, SwiGLU between them, routing weights
+    applied when the expert outputs are merged (as the BioNeMo Mixtral recipe's
+    "grouped_linear" mode does)."""
+
+    backend = "te_grouped_linear"
+
+    def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
+                 align: int = 1):
+        super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
+                         align=align)
+        te = self._te
+        for name, (n_in, n_out) in (("gate_up", (hidden_size, 2 * intermediate_size)),
+                                    ("down", (intermediate_size, hidden_size))):
+            linear = (te.GroupedLinear(num_experts, n_in, n_out, bias=False, params_dtype=dtype,
+                                       device=device) if te is not None else
+                      ReferenceGroupedLinear(num_experts, n_in, n_out, dtype=dtype, device=device))
+            self.add_module(name, linear)
+
+    def _linears(self):
+        return self.gate_up, self.down
+
+    def forward(self, hidden, indices, weights):
+        d = dispatch(hidden, indices, weights, self.num_experts, self.align, self._te)
+        m_splits = d.m_splits.tolist()  # one host copy, shared by both GEMMs
+        y = self.down(swiglu(self.gate_up(d.rows, m_splits)), m_splits)
+        impl = "te.GroupedLinear" if self.uses_te else "ReferenceGroupedLinear"
+        self.last_path = (f"{d.path} (align {self.align}) → {impl} → SwiGLU → {impl}"
+                          + self._fallback_note())
+        return d.combine(y, True)
+
+
+def why_unfused(capabilities: hardware.Capabilities, recipe_name: str | None,
+                glu_interleave_size: int | None, hidden_size: int, intermediate_size: int,
+                align: int) -> list[str]:
+    """Every reason TE would not fuse the te.ops grouped MLP here (empty: it should fuse).
+    The conditions are TE 2.20's (`ops/fused/grouped_mlp.py`)."""
+    reasons = []
+    fused = capabilities["fused_grouped_mlp"]
+    if fused.status != hardware.NATIVE:
+        reasons.append(fused.reason)
+    if recipe_name != "MXFP8BlockScaling":
+        reasons.append(f"the fused kernel needs the MXFP8 recipe (E4M3), this runs "
+                       f"{recipe_name or 'bf16 (no recipe)'}")
+    if glu_interleave_size != 32:
+        reasons.append(f"it needs glu_interleave_size=32, this uses {glu_interleave_size}")
+    if hidden_size % 64 or intermediate_size % 64:
+        reasons.append(f"feature sizes must be multiples of 64 (hidden {hidden_size}, "
+                       f"intermediate {intermediate_size})")
+    if align % 256:
+        reasons.append(f"expert row counts must be padded to 256, this pads to {align}")
+    return reasons
+
+
+class TEOpsExperts(_TEExperts):
+    """Backend `te_ops`: `te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)` with the
+    routing weights fed to ScaledSwiGLU and the same split tensor passed to both GEMMs.
+
+    After each forward pass `fused` says whether TE's fuser replaced the three ops by the fused
+    CuTe-DSL grouped MLP (read from the fuser itself), and `last_path` says why not when not.
+    `require_fused=True` raises instead of running unfused, as the BioNeMo recipe does.
+    """
+
+    backend = "te_ops"
+
+    def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
+                 align: int = 1, glu_interleave_size: int | None = None,
+                 require_fused: bool = False):
+        super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
+                         align=align)
+        self.glu_interleave_size = glu_interleave_size
+        self.require_fused = require_fused
+        self.recipe_name: str | None = None  # set by the model's precision setting
+        self.fused: bool | None = None
+        te = self._te
+        if te is None:
+            self.mlp = ReferenceGroupedMLP(num_experts, hidden_size, intermediate_size,
+                                           glu_interleave_size, dtype=dtype, device=device)
+        else:
+            kw = dict(bias=False, device=device, dtype=dtype)
+            self.mlp = te.ops.Sequential(
+                te.ops.GroupedLinear(num_experts, hidden_size, 2 * intermediate_size, **kw),
+                te.ops.ScaledSwiGLU(glu_interleave_size=glu_interleave_size),
+                te.ops.GroupedLinear(num_experts, intermediate_size, hidden_size, **kw))
+
+    def _linears(self):
+        return self.mlp[0], self.mlp[2]
+
+    def _fc1_rows(self, gate_up):
+        return interleave_glu(gate_up, self.glu_interleave_size) if self.glu_interleave_size else gate_up
+
+    def _fc1_rows_to_hf(self, weight):
+        return deinterleave_glu(weight, self.glu_interleave_size) if self.glu_interleave_size else weight
+
+    def fused_ops(self) -> list[str]:
+        """Class names of the ops TE's fuser chose for the forward pass (after one forward)."""
+        groups = getattr(self.mlp, "_module_groups", None) or []
+        return [type(op).__name__ for g in groups for op, _ in getattr(g, "_forward_ops", [])]
+
+    def forward(self, hidden, indices, weights):
+        d = dispatch(hidden, indices, weights, self.num_experts, self.align, self._te)
+        splits = d.m_splits  # the same tensor object for both GEMMs
+        y = self.mlp(d.rows, splits, d.row_weights, splits)
+        if self.uses_te:
+            ops = self.fused_ops()
+            self.fused = any(name.startswith("GroupedMLP") for name in ops)
+            if self.fused:
+                self.last_path = f"{d.path} (align {self.align}) → te.ops fused {ops}"
+            else:
+                reasons = why_unfused(hardware.capabilities(), self.recipe_name,
+                                      self.glu_interleave_size, self.hidden_size,
+                                      self.intermediate_size, self.align)
+                why = "; ".join(reasons) or "TE's fuser declined (conditions above all met)"
+                if self.require_fused:
+                    raise RuntimeError(f"te.ops grouped MLP ran unfused and require_fused=True: {why}")
+                self.last_path = (f"{d.path} (align {self.align}) → te.ops unfused "
+                                  f"{ops}: {why}")
+        else:
+            self.fused = False
+            self.last_path = (f"{d.path} (align {self.align}) → GroupedLinear → ScaledSwiGLU → "
+                              f"GroupedLinear" + self._fallback_note())
+        return d.combine(y, False)
+
+
+TE_EXPERT_CLASSES = {"te_grouped_linear": TEGroupedLinearExperts, "te_ops": TEOpsExperts}
+
+
+def convert_experts(experts: nn.Module, backend: str, **options) -> nn.Module:
+    """An experts module running `backend` with the same weights as `experts`.
+
+    Between the torch backends this only switches `experts.backend` (they share parameters);
+    to or from a TE backend the weights are converted (copied) through the HF layout.
+    `options` go to the TE classes (`align`, and for te_ops `glu_interleave_size`,
+    `require_fused`)."""
+    if backend not in EXPERT_BACKENDS:
+        raise ValueError(f"unknown expert backend {backend!r}; choose one of {EXPERT_BACKENDS}")
+    if backend in TORCH_BACKENDS and options:
+        raise ValueError(f"backend {backend!r} takes no options, got {sorted(options)}")
+    if isinstance(experts, ExpertMLP) and backend in TORCH_BACKENDS:
+        experts.backend = backend
+        return experts
+    gate_up, down = experts.hf_weights()
+    sizes = (experts.num_experts, experts.hidden_size, experts.intermediate_size)
+    where = dict(dtype=gate_up.dtype, device=gate_up.device)
+    if backend in TORCH_BACKENDS:
+        new = ExpertMLP(*sizes, backend, **where)
+    else:
+        new = TE_EXPERT_CLASSES[backend](*sizes, **where, **options)
+    new.load_hf_weights(gate_up, down)
+    return new

@@ -295,6 +295,18 @@ def evaluate(env: Environment) -> Capabilities:
 
 
 @functools.lru_cache(maxsize=None)
+def transformer_engine():
+    """`transformer_engine.pytorch` when it imports and a CUDA GPU is present, else None.
+
+    The TE code paths of the course call this; `None` means: run the pure-PyTorch counterpart
+    and say so (see `capabilities()` for why TE is absent)."""
+    if not torch.cuda.is_available():
+        return None
+    te, _ = _import_te()
+    return te
+
+
+@functools.lru_cache(maxsize=None)
 def capabilities(import_te: bool = True) -> Capabilities:
     """The feature table of this process (cached: the hardware does not change under us)."""
     return evaluate(detect(import_te=import_te))

@@ -11,10 +11,17 @@ grouped GEMM, TE...) can be switched on a live model without touching the weight
 
 The training loss is HF's: mean next-token cross-entropy + aux_loss_coef × the load-balancing
 loss pooled over all layers.
+
+Precision: `set_precision("bf16" | "fp8" | "closest_to_mxfp8" | <TE recipe name>)`. Anything but
+bf16 runs the decoder layers under `te.autocast` with the recipe this GPU supports
+(`quant.recipe_for`): the attention projections become `te.Linear` and the experts must be a TE
+backend, so every large GEMM runs in FP8; the router and the lm_head stay in bf16 (the router's
+top-k decisions and the output distribution are the precision-sensitive parts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -22,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import hardware, quant
 from .config import MoEConfig
-from .experts import ExpertMLP
+from .experts import TE_BACKENDS, TE_EXPERT_CLASSES, ExpertMLP, convert_experts
 from .routing import Router, load_balancing_loss
 
 IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
@@ -136,10 +144,13 @@ class MoEForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         dtype = config.torch_dtype
-        self.model = Decoder(config, expert_backend, dtype=dtype, device=device)
+        self.model = Decoder(config, "grouped_torch", dtype=dtype, device=device)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
                                  dtype=dtype, device=device)
         self.reset_parameters()
+        self.precision: quant.RecipeChoice | None = None  # None: bf16/fp32, no autocast
+        self._recipe = None  # the TE recipe object used under te.autocast
+        self.set_expert_backend(expert_backend)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -161,14 +172,83 @@ class MoEForCausalLM(nn.Module):
     def expert_backend(self) -> str:
         return self.model.layers[0].mlp.experts.backend
 
-    def set_expert_backend(self, name: str) -> MoEForCausalLM:
+    def set_expert_backend(self, name: str, **options) -> MoEForCausalLM:
+        """Switch every layer's experts to backend `name` (see `experts.convert_experts`; the TE
+        backends take `align`, `glu_interleave_size`, `require_fused`). Create the optimizer
+        after this: a TE backend has its own parameters."""
+        if self.precision is not None and name not in TE_BACKENDS:
+            raise ValueError(f"precision {self.precision.name} runs the experts through TE; "
+                             f"{name!r} is not a TE backend (use set_precision('bf16') first)")
+        if self.precision is not None:
+            _check_backend_runs_recipe(name, self.precision, hardware.capabilities())
         for layer in self.model.layers:
-            layer.mlp.experts.backend = name
+            layer.mlp.experts = convert_experts(layer.mlp.experts, name, **options)
+            if self.precision is not None:
+                self._configure_experts(layer.mlp.experts)
         return self
 
     def expert_paths(self) -> list[str | None]:
         """What each layer's experts ran in the last forward pass."""
         return [layer.mlp.experts.last_path for layer in self.model.layers]
+
+    # --- precision ------------------------------------------------------------------------------
+    def set_precision(self, precision: str = "bf16",
+                      capabilities: hardware.Capabilities | None = None) -> MoEForCausalLM:
+        """'bf16' (no autocast), or FP8: 'fp8' (the fastest FP8 recipe this GPU runs),
+        'closest_to_mxfp8', or a TE recipe name ('MXFP8BlockScaling', 'Float8BlockScaling',
+        'Float8CurrentScaling', 'DelayedScaling'). FP8 needs TE on a GPU and TE experts."""
+        if precision == "bf16":
+            self.precision, self._recipe = None, None
+            for layer in self.model.layers:
+                if isinstance(layer.mlp.experts, tuple(TE_EXPERT_CLASSES.values())):
+                    layer.mlp.experts.align = 1
+                    layer.mlp.experts.recipe_name = None
+            return self
+        caps = capabilities or hardware.capabilities()
+        choice = quant.recipe_for(caps, "fastest" if precision == "fp8" else precision)
+        te = hardware.transformer_engine()
+        device = next(self.parameters()).device
+        if not choice.native or te is None or device.type != "cuda":
+            raise ValueError(
+                f"precision {precision!r} needs Transformer Engine FP8 on a GPU; here: "
+                f"{choice.label} ({choice.reason}). Train in bf16 (or fp32 on a CPU); the FP8 and "
+                f"MXFP8 numerics can be studied on any machine with moe_tutorial.quant")
+        if self.expert_backend not in TE_BACKENDS:
+            raise ValueError(f"precision {precision!r} runs the experts through TE; switch them "
+                             f"first: model.set_expert_backend('te_grouped_linear' or 'te_ops')")
+        _check_backend_runs_recipe(self.expert_backend, choice, caps)
+        self.precision, self._recipe = choice, choice.build()
+        self._use_te_linear(te)
+        for layer in self.model.layers:
+            self._configure_experts(layer.mlp.experts)
+        return self
+
+    def _configure_experts(self, experts: nn.Module) -> None:
+        """Tell TE experts the alignment and recipe of the active precision."""
+        align = self.precision.align
+        if getattr(experts, "glu_interleave_size", None) == 32:
+            align = max(align, 256)  # the fused grouped MLP pads every expert's rows to 256
+        experts.align = align
+        experts.recipe_name = self.precision.name
+
+    @torch.no_grad()
+    def _use_te_linear(self, te) -> None:
+        """Attention projections → te.Linear (same [out, in] weights), so FP8 covers them."""
+        for layer in self.model.layers:
+            attn = layer.self_attn
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                old = getattr(attn, name)
+                if isinstance(old, te.Linear):
+                    continue
+                new = te.Linear(old.in_features, old.out_features, bias=False,
+                                params_dtype=old.weight.dtype, device=old.weight.device)
+                new.weight.copy_(old.weight)
+                setattr(attn, name, new)
+
+    def _autocast(self):
+        if self._recipe is None:
+            return contextlib.nullcontext()
+        return hardware.transformer_engine().autocast(enabled=True, recipe=self._recipe)
 
     # --- forward ----------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> CausalLMOutput:
@@ -182,9 +262,10 @@ class MoEForCausalLM(nn.Module):
         cos, sin = rotary_cos_sin(seq_len, self.config.head_dim, self.config.rope_theta,
                                   x.device, x.dtype)
         router_logits = []
-        for layer in self.model.layers:
-            x, logits = layer(x, cos, sin)
-            router_logits.append(logits)
+        with self._autocast():  # FP8 for the decoder layers' TE modules; lm_head stays outside
+            for layer in self.model.layers:
+                x, logits = layer(x, cos, sin)
+                router_logits.append(logits)
         logits = self.lm_head(self.model.norm(x))
         out = CausalLMOutput(logits=logits, router_logits=tuple(router_logits))
         if targets is not None:
@@ -221,13 +302,31 @@ class MoEForCausalLM(nn.Module):
             raise ValueError(f"the HF model's head_dim={head_dim} differs from hidden/heads="
                              f"{config.head_dim}; this model derives it from hidden/heads")
         device = next(hf_model.parameters()).device
-        model = cls(config, expert_backend, device=device)
+        model = cls(config, "grouped_torch", device=device)  # HF layout, then convert
         model.load_state_dict(_normalise_hf_keys(hf_model.state_dict()))
-        return model
+        return model.set_expert_backend(expert_backend)
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """A state dict that transformers' `MixtralForCausalLM.load_state_dict` accepts."""
-        return dict(self.state_dict())
+        """A state dict that transformers' `MixtralForCausalLM.load_state_dict` accepts (TE
+        experts are converted back to the stacked HF layout; TE's `_extra_state` is dropped)."""
+        state = {k: v for k, v in self.state_dict().items()
+                 if ".mlp.experts." not in k and not k.endswith("_extra_state")}
+        for i, layer in enumerate(self.model.layers):
+            gate_up, down = layer.mlp.experts.hf_weights()
+            state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
+            state[f"model.layers.{i}.mlp.experts.down_proj"] = down
+        return state
+
+
+def _check_backend_runs_recipe(backend: str, choice: quant.RecipeChoice,
+                               caps: hardware.Capabilities) -> None:
+    """Refuse a combination TE cannot run here, before it fails deep inside cuBLAS."""
+    cc = caps.env.compute_capability or (0, 0)
+    if backend == "te_ops" and choice.name == "Float8BlockScaling" and cc[0] == 9:
+        raise ValueError(
+            "te.ops GroupedLinear with Float8BlockScaling finds no cuBLAS GEMM algorithm on "
+            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; seen with TE 2.20): use the "
+            "te_grouped_linear backend for block scaling, or precision 'fp8' with te_ops")
 
 
 def _normalise_hf_keys(state: dict) -> dict:

@@ -65,8 +65,10 @@ def load_balancing_loss(router_logits: Sequence[torch.Tensor], top_k: int) -> to
     num_experts = logits.shape[-1]
     probs = torch.softmax(logits, dim=-1)
     chosen = torch.topk(probs, top_k, dim=-1).indices
-    # Counting is not differentiable (and need not be): the gradient flows through P_e.
-    assignments = torch.bincount(chosen.reshape(-1), minlength=num_experts).to(probs.dtype)
+    # Counting is not differentiable (and need not be): the gradient flows through P_e. index_add
+    # of ones, unlike bincount, needs no host sync (bincount must read the largest index first).
+    flat = chosen.reshape(-1)
+    assignments = probs.new_zeros(num_experts).index_add_(0, flat, probs.new_ones(flat.shape))
     tokens_per_expert = assignments / logits.shape[0]
     return num_experts * torch.sum(tokens_per_expert * probs.mean(dim=0))
 
@@ -152,7 +154,8 @@ def unpermute(rows: torch.Tensor, perm: Permutation, weights: torch.Tensor | Non
         raise ValueError(f"expected {perm.num_rows} expert-output rows (the permuted buffer), "
                          f"got {rows.shape[0]}")
     num_tokens, top_k = perm.assignment_rows.shape
-    per_slot = rows.index_select(0, perm.assignment_rows.reshape(-1)).view(num_tokens, top_k, -1)
+    per_slot = rows.index_select(0, perm.assignment_rows.reshape(-1)).view(
+        num_tokens, top_k, rows.shape[1])
     if weights is None:
         return per_slot.sum(dim=1, dtype=torch.float32).to(rows.dtype)
     return (per_slot * weights.unsqueeze(-1).float()).sum(dim=1).to(rows.dtype)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from . import hardware
 from .data import iterate_batches
 
 
@@ -64,14 +65,33 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
 
 
-def make_optimizer(model: torch.nn.Module, s: TrainSettings) -> torch.optim.Optimizer:
-    """AdamW; matrices decay, vectors (norm weights) do not. Fused where the device supports it."""
+OPTIMIZERS = ("torch_adamw", "te_fused_adam")
+
+
+def make_optimizer(model: torch.nn.Module, s: TrainSettings,
+                   kind: str = "torch_adamw") -> torch.optim.Optimizer:
+    """AdamW; matrices decay, vectors (norm weights) do not.
+
+    `torch_adamw` (the default): torch's AdamW, fused on a GPU. `te_fused_adam`: TE's
+    FusedAdam, its moments kept in the parameters' dtype like torch's (fp32 moments would add 8
+    bytes per parameter). On the H200 with bf16 parameters (TE 2.20.2, torch 2.11) TE's took
+    31 ms per step of the `mixtral-2l` model against 17 ms for torch's fused AdamW (it converts
+    bf16 moments through fp32 buffers), so it is not the default."""
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {kind!r}; choose one of {OPTIMIZERS}")
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": s.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    on_cuda = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, fused=on_cuda or None)
+    first = next(model.parameters())
+    if kind == "te_fused_adam":
+        te = hardware.transformer_engine() if first.is_cuda else None
+        if te is None:
+            raise ValueError("te_fused_adam needs Transformer Engine and a CUDA device")
+        moments = first.dtype if first.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        return te.optimizers.FusedAdam(groups, lr=s.lr, betas=s.betas, adam_w_mode=True,
+                                       exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
+    return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, fused=first.is_cuda or None)
 
 
 @torch.no_grad()

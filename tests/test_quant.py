@@ -476,7 +476,7 @@ def machine(kind, **overrides):
 @pytest.mark.parametrize("kind,preference,name,align", [
     ("blackwell", "fastest", "MXFP8BlockScaling", 32),
     ("blackwell", "closest_to_mxfp8", "MXFP8BlockScaling", 32),
-    ("hopper", "fastest", "Float8CurrentScaling", 16),
+    ("hopper", "fastest", "DelayedScaling", 16),
     ("hopper", "closest_to_mxfp8", "Float8BlockScaling", 128),
     ("hopper", "DelayedScaling", "DelayedScaling", 16),
     ("blackwell", "Float8BlockScaling", "Float8BlockScaling", 128),

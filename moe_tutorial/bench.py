@@ -1,0 +1,583 @@
+"""Measuring speed honestly: timing, FLOP counting, throughput, MFU and peak memory.
+
+`time_fn(fn)` runs `fn` a few times to warm up (kernel selection, caches, lazy initialisation),
+then times each of `iters` calls — with CUDA events on a GPU (GPU time of the queued work, no
+Python-side guesswork), with `time.perf_counter` on a CPU — and reports the median, which
+resists the occasional slow step better than the mean.
+
+FLOPs are counted, not measured: a matmul of [m, k] × [k, n] is 2·m·k·n FLOPs, and a training
+step (forward + backward) costs 3× the forward. For the expert MLP of one MoE layer (gate-up
+H → 2I, down I → H, on T tokens × top_k experts):
+
+    forward = 2·T·k·H·2I + 2·T·k·I·H = 6·T·k·H·I      forward + backward = 18·T·k·H·I
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    iters: int
+    timer: str  # "cuda events" | "perf_counter"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _synchronize(device: torch.device | str | None) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 3, iters: int = 20,
+            device: torch.device | str | None = None) -> Timing:
+    """Median time of `fn()` over `iters` calls after `warmup` untimed ones.
+
+    `device` says where `fn` queues its work: "cuda..." → CUDA events around each call;
+    anything else → wall-clock time (`fn` must then finish its work before returning, as CPU
+    code does).
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    for _ in range(warmup):
+        fn()
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    times = []
+    if on_cuda:
+        _synchronize(device)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(iters)]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        _synchronize(device)
+        times = [start.elapsed_time(end) for start, end in events]
+    else:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return Timing(statistics.median(times), min(times), max(times), iters,
+                  "cuda events" if on_cuda else "perf_counter")
+
+
+def expert_mlp_flops(tokens: int, top_k: int, hidden: int, intermediate: int,
+                     backward: bool = True) -> int:
+    """Active-expert FLOPs of one MoE layer's SwiGLU experts (see the module docstring)."""
+    forward = 6 * tokens * top_k * hidden * intermediate
+    return 3 * forward if backward else forward
+
+
+def tflops(flops: float, ms: float) -> float:
+    """Achieved TFLOP/s for `flops` in `ms` milliseconds."""
+    return flops / (ms * 1e-3) / 1e12
+
+
+# ---------------------------------------------------------------------------------------------
+# What is benchmarked
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """One MoE layer's expert problem: T tokens, hidden H, expert width I, E experts, top-k."""
+
+    name: str
+    tokens: int
+    hidden: int
+    intermediate: int
+    experts: int
+    top_k: int
+
+    def flops(self) -> int:
+        return expert_mlp_flops(self.tokens, self.top_k, self.hidden, self.intermediate)
+
+
+EXPERT_SHAPES = {s.name: s for s in (
+    ExpertShape("mixtral", 8192, 4096, 14336, 8, 2),  # Mixtral 8x7B: few, large experts
+    ExpertShape("fine_grained", 16384, 2048, 768, 64, 8),  # many small experts
+    ExpertShape("small", 16384, 1024, 2816, 8, 2),  # the course's small GPU shape
+    ExpertShape("tiny", 512, 64, 128, 8, 2),  # CPU-sized: the harness's own tests
+)}
+ROUTINGS = ("balanced", "skewed")
+
+# Dense bf16 tensor-core peaks from NVIDIA's datasheets (no sparsity), TFLOP/s.
+DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "B200": 2250.0, "B300": 2250.0}
+
+# Relative error (Frobenius norm) a variant's output may have against the bf16 loop before it is
+# timed. bf16: the same math summed in another order (~1e-3 seen). FP8 (E4M3, 3 mantissa bits):
+# each quantised operand carries ~2^-4/sqrt(3) ≈ 3.6% RMS rounding error; a GEMM of two such
+# operands ~5%, two GEMMs in a row plus the quantised SwiGLU output ~7-9% — 0.15 leaves margin
+# for per-tensor scaling's coarser small values while still catching a wrong result (~100%).
+TOLERANCE = {"bf16": 2e-2, "fp8": 0.15}
+
+
+def make_routing(shape: ExpertShape, routing: str, seed: int = 0):
+    """(weights fp32 [T, k], indices [T, k]) from random router logits. `skewed` adds a Zipf-like
+    bias (expert e gets log(1/(e+1))·2), so a few experts take most tokens and the last ones few."""
+    from .routing import route
+
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(shape.tokens, shape.experts, generator=gen)
+    if routing == "skewed":
+        logits = logits + 2.0 * torch.log(1.0 / torch.arange(1, shape.experts + 1))
+    return route(logits, shape.top_k)
+
+
+def environment() -> dict:
+    """Versions and hardware, recorded with every result."""
+    from . import hardware
+
+    caps = hardware.capabilities()
+    e = caps.env
+    return {"gpu": e.gpu_name, "gpu_count": e.gpu_count,
+            "compute_capability": ".".join(map(str, e.compute_capability)) if e.compute_capability else None,
+            "driver": e.driver_version, "cuda": e.cuda_version, "torch": e.torch_version,
+            "transformer_engine": e.te_version if caps.has_te else None,
+            "transformers": e.transformers_version, "python": e.python_version,
+            "cpu_threads": torch.get_num_threads(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def dense_matmul_tflops(device, n: int = 8192, dtype=torch.bfloat16) -> float:
+    """Measured rate of one large dense matmul: the ceiling MFU is quoted against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = time_fn(lambda: a @ b, warmup=3, iters=10, device=device)
+    return tflops(2 * n ** 3, t.median_ms)
+
+
+def datasheet_tflops(gpu_name: str | None) -> float | None:
+    for key, value in DATASHEET_BF16_TFLOPS.items():
+        if gpu_name and key in gpu_name:
+            return value
+    return None
+
+
+def _peak_memory_gb(device) -> float | None:
+    if torch.device(device).type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30
+
+
+def _reset_memory(device) -> None:
+    import gc
+
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def _precision_kind(precision: str) -> str:
+    """'fp8' for a TE recipe, 'bf16' for the plain dtype (bf16 on a GPU, fp32 on a CPU)."""
+    return "bf16" if precision in ("bf16", "fp32") else "fp8"
+
+
+def _autocast(recipe):
+    import contextlib
+
+    from . import hardware
+
+    if recipe is None:
+        return contextlib.nullcontext()
+    return hardware.transformer_engine().autocast(enabled=True, recipe=recipe)
+
+
+# ---------------------------------------------------------------------------------------------
+# The expert layer: forward + backward of the routed expert MLP, permutation included
+
+def expert_variants(caps) -> list[tuple[str, str]]:
+    """(backend, precision) pairs this machine can run: the loop, the grouped bf16 paths, and
+    each TE backend under each FP8 recipe TE runs here."""
+    from .quant import supported_recipes
+
+    variants = [("naive", "bf16"), ("grouped_torch", "bf16"), ("te_grouped_linear", "bf16"),
+                ("te_ops", "bf16")]  # TE backends run their PyTorch counterparts without TE
+    if caps.has_te and caps.device == "cuda":
+        for recipe in supported_recipes(caps):
+            variants += [("te_grouped_linear", recipe), ("te_ops", recipe)]
+    return variants
+
+
+def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device="cuda",
+                       variants: list[tuple[str, str]] | None = None, warmup: int = 3,
+                       iters: int = 20, on_result: Callable[[dict], None] | None = None) -> list[dict]:
+    """Time every variant on one shape/routing; the naive loop (bf16) is the reference each
+    variant's output is checked against before it is timed."""
+    from . import hardware, quant
+    from .experts import ExpertMLP, convert_experts
+
+    caps = hardware.capabilities()
+    variants = variants or expert_variants(caps)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    base = ExpertMLP(shape.experts, shape.hidden, shape.intermediate, "naive", dtype=dtype,
+                     device=device)
+    torch.nn.init.normal_(base.gate_up_proj, std=0.02)
+    torch.nn.init.normal_(base.down_proj, std=0.02)
+    weights, indices = (t.to(device) for t in make_routing(shape, routing))
+    hidden = torch.randn(shape.tokens, shape.hidden, device=device, dtype=dtype)
+    grad_out = torch.randn_like(hidden)
+    reference = loop_ms = None
+    results = []
+    for backend, precision in variants:
+        label = "fp32" if precision == "bf16" and dtype == torch.float32 else precision
+        row = dict(part="expert", shape=shape.name, routing=routing, backend=backend,
+                   precision=label, tokens=shape.tokens, flops=shape.flops())
+        experts = None
+        try:
+            _reset_memory(device)
+            experts = (convert_experts(base, backend) if backend != "naive" else base)
+            recipe = None
+            if precision != "bf16":
+                choice = quant.recipe_for(caps, precision)
+                recipe = choice.build()
+                experts.align = choice.align
+                experts.recipe_name = choice.name
+            x = hidden.detach().clone().requires_grad_()
+            w = weights.detach().clone().requires_grad_()
+
+            def step():
+                for p in experts.parameters():
+                    p.grad = None
+                x.grad = w.grad = None
+                with _autocast(recipe):
+                    out = experts(x, indices, w)
+                out.backward(grad_out)
+                return out
+
+            out = step().detach()
+            if reference is None:
+                reference = out  # the first variant is the loop
+            row["rel_error"] = _relative_error(out, reference)
+            row["tolerance"] = TOLERANCE[_precision_kind(precision)]
+            row["path"] = experts.last_path
+            if row["rel_error"] > row["tolerance"]:
+                row["status"] = "wrong"  # not timed: a fast wrong answer is not a result
+            else:
+                t = time_fn(step, warmup=warmup, iters=iters, device=device)
+                row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
+                           tflops=tflops(shape.flops(), t.median_ms),
+                           peak_memory_gb=_peak_memory_gb(device))
+                if backend == "naive":
+                    loop_ms = t.median_ms
+                if loop_ms is not None:
+                    row["speedup_vs_loop"] = loop_ms / t.median_ms
+        except torch.cuda.OutOfMemoryError:
+            row["status"] = "OOM"
+        except Exception as exc:  # one broken variant must not hide the others' numbers
+            row.update(_classify_error(exc))
+        finally:
+            if experts is not base:
+                del experts
+        results.append(row)
+        if on_result is not None:
+            on_result(row)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The training step: forward + backward + optimizer step of a whole model
+
+OUR_VARIANTS = {  # variant -> (expert backend, precision): the course's steps, in order
+    "ours_grouped_torch_bf16": ("grouped_torch", "bf16"),
+    "ours_te_grouped_linear_bf16": ("te_grouped_linear", "bf16"),
+    "ours_te_grouped_linear_fp8": ("te_grouped_linear", "fp8"),
+    "ours_te_ops_bf16": ("te_ops", "bf16"),
+    "ours_te_ops_fp8": ("te_ops", "fp8"),
+}
+HF_VARIANTS = ("hf_eager", "hf_grouped_mm", "hf_grouped_mm_compiled")
+TRAIN_VARIANTS = HF_VARIANTS + tuple(OUR_VARIANTS)
+
+
+def _classify_error(exc: Exception) -> dict:
+    """A variant that raised: 'unsupported' when the library says it has no kernel for it on
+    this GPU (an honest result), 'error' otherwise (a bug to fix)."""
+    message = f"{type(exc).__name__}: {exc}"[:500]
+    if "CUBLAS_STATUS_NOT_SUPPORTED" in message:
+        return dict(status="unsupported", error=message)
+    return dict(status="error", error=message)
+
+
+def _build_train_variant(variant: str, config, device):
+    """(loss_fn(input_ids) -> loss, the trained module) for a variant, all from the same seeded
+    initial weights."""
+    from .hf_baseline import hf_mixtral, hf_training_loss
+    from .model import IGNORE_INDEX, MoEForCausalLM
+
+    torch.manual_seed(0)
+    model = MoEForCausalLM(config, device=device)
+    if variant.startswith("hf_"):
+        impl = "eager" if variant == "hf_eager" else "grouped_mm"
+        hf = hf_mixtral(model, impl)
+        del model
+        if variant.endswith("_compiled"):
+            hf.forward = torch.compile(hf.forward)
+        return (lambda ids: hf_training_loss(hf, ids)), hf
+
+    if variant not in OUR_VARIANTS:
+        raise ValueError(f"unknown training variant {variant!r}; choose from {TRAIN_VARIANTS}")
+    backend, precision = OUR_VARIANTS[variant]
+    model.set_expert_backend(backend)
+    model.set_precision(precision)
+
+    def loss_fn(ids):
+        # HF's labels=input_ids convention: predict token t+1 at position t, the last position
+        # has no target. Same targets, so the losses are comparable.
+        targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], dim=1)
+        return model(ids, targets).loss
+
+    return loss_fn, model
+
+
+def model_flops_per_token(config, seq_len: int) -> float:
+    """Training FLOPs per token: 6 × active parameters (matmuls, forward + backward) plus
+    attention's score and value products, 6 × 2 × layers × seq_len × hidden (causal masking not
+    discounted, as in the usual MFU convention)."""
+    return 6 * config.active_params_per_token() + 12 * config.num_layers * seq_len * config.hidden_size
+
+
+def _make_train_optimizer(variant, module, lr, device, optimizer):
+    from .train import TrainSettings, make_optimizer
+
+    if variant.startswith("hf_"):  # the baseline as HF users run it: torch's fused AdamW
+        return torch.optim.AdamW(module.parameters(), lr=lr,
+                                 fused=torch.device(device).type == "cuda" or None)
+    return make_optimizer(module, TrainSettings(lr=lr, steps=2, warmup_steps=0), optimizer)
+
+
+def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len: int = 4096,
+                     device="cuda", warmup: int = 5, iters: int = 20, lr: float = 1e-5,
+                     optimizer: str = "torch_adamw",
+                     on_result: Callable[[dict], None] | None = None) -> list[dict]:
+    """Time forward + backward + optimizer step per variant, after checking its first loss against
+    the first variant's (same weights, same batch)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen).to(device)
+    tokens = batch * seq_len
+    flops_per_step = model_flops_per_token(config, seq_len) * tokens
+    reference_loss = None
+    results = []
+    for variant in variants:
+        row = dict(part="train", variant=variant, batch=batch, seq_len=seq_len, tokens=tokens,
+                   flops=flops_per_step)
+        loss_fn = module = opt = None
+        try:
+            _reset_memory(device)
+            loss_fn, module = _build_train_variant(variant, config, device)
+            opt = _make_train_optimizer(variant, module, lr, device, optimizer)
+            row["optimizer"] = type(opt).__module__ + "." + type(opt).__name__
+            with torch.no_grad():
+                first_loss = loss_fn(ids).item()
+            if reference_loss is None:
+                reference_loss = first_loss
+            row.update(first_loss=first_loss, loss_diff=abs(first_loss - reference_loss))
+            kind = "fp8" if variant.endswith("_fp8") else "bf16"
+            row["loss_tolerance"] = 0.05 if kind == "fp8" else 0.02  # nats, at initial loss ~ln V
+            if row["loss_diff"] > row["loss_tolerance"]:
+                row["status"] = "wrong"
+            else:
+                def step():
+                    loss = loss_fn(ids)
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+                t = time_fn(step, warmup=warmup, iters=iters, device=device)
+                tokens_per_s = tokens / (t.median_ms / 1e3)
+                row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
+                           tokens_per_s=tokens_per_s, tflops=tflops(flops_per_step, t.median_ms),
+                           peak_memory_gb=_peak_memory_gb(device))
+                if hasattr(module, "expert_paths"):
+                    row["path"] = module.expert_paths()[0]
+        except torch.cuda.OutOfMemoryError:
+            row["status"] = "OOM"
+        except Exception as exc:
+            row.update(_classify_error(exc))
+        finally:
+            del loss_fn, module, opt  # free this variant's ~30 GB before the next one
+        results.append(row)
+        if on_result is not None:
+            on_result(row)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Summary, tables, the whole run
+
+def summarize(results: list[dict]) -> dict:
+    """The headline ratios (medians from this run); None where this run lacks the variants."""
+    ok = [r for r in results if r.get("status") == "ok"]
+
+    def expert_best(shape, kind=None):
+        rows = [r for r in ok if r["part"] == "expert" and r["shape"] == shape
+                and r["routing"] == "balanced" and r["backend"] != "naive"
+                and (kind is None or _precision_kind(r["precision"]) == kind)]
+        loop = [r for r in ok if r["part"] == "expert" and r["shape"] == shape
+                and r["routing"] == "balanced" and r["backend"] == "naive"]
+        if not rows or not loop:
+            return None
+        return loop[0]["median_ms"] / min(r["median_ms"] for r in rows)
+
+    train = {r["variant"]: r for r in ok if r["part"] == "train"}
+    ours = [r for v, r in train.items() if v.startswith("ours_")]
+    best = max(ours, key=lambda r: r["tokens_per_s"]) if ours else None
+
+    def vs(name, key="tokens_per_s"):
+        if best is None or name not in train:
+            return None
+        if key == "peak_memory_gb":
+            if best.get(key) is None or not train[name].get(key):
+                return None
+            return best[key] / train[name][key]
+        return best[key] / train[name][key]
+
+    return {
+        "expert_mixtral_best_bf16_speedup_vs_loop": expert_best("mixtral", "bf16"),
+        "expert_mixtral_best_fp8_speedup_vs_loop": expert_best("mixtral", "fp8"),
+        "expert_finegrained_best_speedup_vs_loop": expert_best("fine_grained"),
+        "train_step_best_variant": best["variant"] if best else None,
+        "train_step_speedup_vs_hf_eager": vs("hf_eager"),
+        "train_step_speedup_vs_hf_grouped_mm": vs("hf_grouped_mm"),
+        "train_step_speedup_vs_hf_grouped_mm_compiled": vs("hf_grouped_mm_compiled"),
+        "train_step_peak_mem_ratio_vs_hf_grouped_mm": vs("hf_grouped_mm", "peak_memory_gb"),
+    }
+
+
+def format_expert_row(r: dict) -> str:
+    name = f"{r['shape']:<12} {r['routing']:<8} {r['backend']:<18} {r['precision']:<20}"
+    if r.get("status") != "ok":
+        return f"{name} {r.get('status', '?').upper():>9}  {r.get('error', '') or r.get('rel_error', '')}"
+    mem = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") is not None else "-"
+    speedup = f"{r['speedup_vs_loop']:7.2f}x" if "speedup_vs_loop" in r else "       -"
+    return (f"{name} {r['median_ms']:9.2f} {r['tflops']:8.3g} {speedup} "
+            f"{r['rel_error']:9.2e} {mem:>6}")
+
+
+def format_train_row(r: dict, dense: float | None, datasheet: float | None) -> str:
+    name = f"{r['variant']:<30}"
+    if r.get("status") != "ok":
+        return f"{name} {r.get('status', '?').upper():>9}  {r.get('error', '') or r.get('loss_diff', '')}"
+    mfu = lambda peak: f"{100 * r['tflops'] / peak:5.1f}%" if peak else "    -"  # noqa: E731
+    mem = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") is not None else "-"
+    return (f"{name} {r['median_ms']:9.1f} {r['tokens_per_s']:11,.0f} {r['tflops']:8.3g} "
+            f"{mfu(dense)} {mfu(datasheet)} {mem:>6} {r['loss_diff']:9.1e}")
+
+
+EXPERT_HEADER = (f"{'shape':<12} {'routing':<8} {'backend':<18} {'precision':<20} {'ms':>9} "
+                 f"{'TFLOP/s':>8} {'vs loop':>8} {'rel.err':>9} {'GB':>6}")
+TRAIN_HEADER = (f"{'variant':<30} {'ms/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU*':>6} "
+                f"{'MFU**':>6} {'GB':>6} {'Δloss0':>9}")
+
+
+def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
+        train_preset=None, train_variants=None, batch=None, seq_len=None, warmup=None,
+        iters=None, optimizer="torch_adamw", log=print,
+        on_result: Callable[[dict], None] | None = None) -> dict:
+    """The whole benchmark, sized for the device: Mixtral / fine-grained / small shapes and the
+    `mixtral-2l` model (batch 2 × 4096) on a GPU; the `tiny` shape and model on a CPU."""
+    from .config import preset
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = torch.device(device).type == "cuda"
+    shapes = shapes or (["mixtral", "fine_grained", "small"] if on_gpu else ["tiny"])
+    warmup = warmup if warmup is not None else (3 if on_gpu else 1)
+    iters = iters if iters is not None else (20 if on_gpu else 3)
+    env = environment()
+    log(f"benchmark on {env['gpu'] or 'CPU'}: torch {env['torch']}, TE "
+        f"{env['transformer_engine'] or 'absent'}, transformers {env['transformers']}")
+    dense = dense_matmul_tflops(device) if on_gpu else None
+    sheet = datasheet_tflops(env["gpu"])
+    if dense:
+        log(f"dense bf16 matmul (8192^3) measured: {dense:.0f} TFLOP/s; datasheet: {sheet}")
+    results = []
+
+    def report(row, line):
+        log(line)
+        if on_result is not None:
+            on_result(row)
+
+    if expert:
+        log(f"\nexpert layer, forward + backward incl. permutation; TFLOP/s = 18·T·k·H·I / time; "
+            f"median of {iters}\n{EXPERT_HEADER}")
+        for name in shapes:
+            for routing in routings:
+                results += bench_expert_layer(EXPERT_SHAPES[name], routing, device=device,
+                                              warmup=warmup, iters=iters,
+                                              on_result=lambda r: report(r, format_expert_row(r)))
+    if train:
+        config = preset(train_preset or ("mixtral-2l" if on_gpu else "tiny"))
+        if not on_gpu:
+            config = config.with_overrides(dtype="float32")
+        batch = batch or 2
+        seq_len = seq_len or (4096 if on_gpu else 64)
+        variants = train_variants or [v for v in TRAIN_VARIANTS if on_gpu or v in (
+            "hf_eager", "hf_grouped_mm", "ours_grouped_torch_bf16", "ours_te_ops_bf16")]
+        log(f"\ntraining step of {config.num_layers}-layer model (hidden {config.hidden_size}, "
+            f"{config.num_experts} experts × {config.intermediate_size}, top-{config.top_k}), "
+            f"batch {batch} × {seq_len}: forward + backward + optimizer step, median of {iters}.\n"
+            f"TFLOP/s = (6 × {config.active_params_per_token():,} active params + 12 × layers × "
+            f"seq × hidden) × tokens / time; MFU* vs measured dense matmul, MFU** vs datasheet\n"
+            f"{TRAIN_HEADER}")
+        results += bench_train_step(config, variants, batch=batch, seq_len=seq_len, device=device,
+                                    warmup=warmup if on_gpu else 1, iters=iters,
+                                    optimizer=optimizer,
+                                    on_result=lambda r: report(r, format_train_row(r, dense, sheet)))
+    summary = summarize(results)
+    log("\nsummary: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                  for k, v in summary.items()))
+    return {"environment": env, "dense_bf16_tflops_measured": dense,
+            "datasheet_bf16_tflops": sheet, "results": results, "summary": summary}
+
+
+def profile_train_step(config, variant: str, *, batch: int = 2, seq_len: int = 4096,
+                       device="cuda", steps: int = 3, row_limit: int = 25) -> str:
+    """torch.profiler over a few training steps of one variant: where the time goes (GPU time
+    per kernel, kernel counts), as a printable table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = torch.randint(0, config.vocab_size, (batch, seq_len),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    loss_fn, module = _build_train_variant(variant, config, device)
+    optimizer = _make_train_optimizer(variant, module, 1e-5, device, "torch_adamw")
+
+    def step():
+        loss_fn(ids).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    wall = time_fn(step, warmup=2, iters=3, device=device).median_ms
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _synchronize(device)
+    on_gpu = torch.device(device).type == "cuda"
+    averages = prof.key_averages()
+    sort = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    busy = ""
+    if on_gpu:  # GPU time spent in kernels vs the step's wall time: the rest is idle (launch/sync)
+        # Only the kernels themselves: operator rows repeat their kernels' time.
+        kernels = [e for e in averages if e.device_type.name == "CUDA"]
+        kernel_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / steps
+        launches = sum(e.count for e in kernels) / steps
+        busy = (f"step {wall:.1f} ms (unprofiled median); kernels {kernel_ms:.1f} ms per step "
+                f"({100 * kernel_ms / wall:.0f}% busy), {launches:.0f} kernel launches per step\n")
+    return (f"profile of {variant}, {steps} steps\n{busy}"
+            + averages.table(sort_by=sort, row_limit=row_limit))

@@ -1,0 +1,528 @@
+"""Run the course headless: execute the notebooks in order with papermill, write one HTML report.
+
+    python -m moe_tutorial run [--mode small|full] [--notebooks 00 01 ...] [--out DIR]
+
+executes `notebooks/NN_*.ipynb` in order, each in a fresh kernel of this Python interpreter, with
+the parameters `MODE`, `LIVE` (and `DEVICE` when given) injected by papermill after the cell
+tagged `parameters` (the same values are also in the kernel's environment as
+`MOE_TUTORIAL_MODE`, `MOE_TUTORIAL_LIVE`, `MOE_TUTORIAL_DEVICE`). It stops at the first notebook
+that fails and prints its error. It writes the executed notebooks to DIR and `DIR/report.html`:
+one self-contained page (plotly.js inlined, no network needed) with this machine's capability
+table, every notebook's closing outputs (the cells tagged `closing`: a table and a figure), run
+times (the slowest cells too) and the versions of everything that ran.
+
+Widgets: headless nobody watches a live dashboard, so the runner passes `LIVE=False` and
+`MOE_TUTORIAL_LIVE=0` (`--live` draws them anyway, e.g. to test them), and papermill runs with
+`store_widget_state=False`, so an executed notebook stays small instead of embedding plotly.js in
+widget state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import datetime as _dt
+import html
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import COURSE_MODES, MODE_ENV, course_mode
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
+CLOSING_TAG = "closing"
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+BUDGET_S = {"small": 120, "full": 300}  # per notebook: 2 CPU cores / one H200
+CELL_TIMEOUT_S = {"small": 300, "full": 600}
+KERNEL_NAME = "python3"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+@dataclass
+class NotebookRun:
+    name: str
+    source: Path
+    output: Path
+    status: str = "not run"  # ok | failed | not run
+    seconds: float = 0.0
+    error: str = ""  # the failing cell's error, traceback included (ANSI colours removed)
+    failed_cell: int | None = None  # execution count of the failing cell
+
+
+@dataclass
+class CourseRun:
+    mode: str
+    out_dir: Path
+    parameters: dict
+    runs: list[NotebookRun] = field(default_factory=list)
+    started: str = ""
+    seconds: float = 0.0
+    kernel: str = KERNEL_NAME
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return all(r.status == "ok" for r in self.runs)
+
+    @property
+    def report(self) -> Path:
+        return self.out_dir / "report.html"
+
+
+# ---------------------------------------------------------------------------------------------
+# Which notebooks
+
+def default_notebooks_dir() -> Path:
+    """`notebooks/` of the current directory, else the one next to this package (a checkout)."""
+    for candidate in (Path.cwd() / "notebooks", PACKAGE_ROOT.parent / "notebooks"):
+        if candidate.is_dir():
+            return candidate
+    return Path.cwd() / "notebooks"
+
+
+def find_notebooks(selection: list[str] | None = None, notebooks_dir: Path | None = None) -> list[Path]:
+    """The course notebooks (`NN_*.ipynb`, in order), or the selected ones.
+
+    A selection entry is a path to a notebook, or a name in the notebooks folder given in full
+    (`01_naive_moe`, `01_naive_moe.ipynb`) or by its number (`01`).
+    """
+    folder = Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()
+    available = sorted(folder.glob(NOTEBOOK_GLOB)) if folder.is_dir() else []
+    if not selection:
+        return available
+    chosen = []
+    for entry in selection:
+        path = Path(entry)
+        if path.suffix == ".ipynb" and path.is_file():
+            match = [path]
+        else:
+            stem = path.name.removesuffix(".ipynb")
+            match = [nb for nb in available if nb.stem == stem or nb.stem.split("_", 1)[0] == stem]
+        if len(match) != 1:
+            names = ", ".join(nb.stem for nb in available) or f"none (no {folder})"
+            raise ValueError(f"notebook {entry!r} not found{' uniquely' if match else ''}; "
+                             f"course notebooks: {names}")
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+def _same_interpreter(argv0: str) -> bool:
+    major, minor = sys.version_info[:2]
+    if argv0 in {"python", f"python{major}", f"python{major}.{minor}"}:
+        return True  # jupyter_client starts sys.executable for these names
+    try:
+        return Path(argv0).resolve() == Path(sys.executable).resolve()
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def kernel_for_this_python():
+    """Yield the name of a kernelspec that starts this interpreter (`sys.executable`).
+
+    `python3` when it does (the usual case: its argv[0] is `python`, which jupyter_client
+    replaces by sys.executable); otherwise a temporary kernelspec, made visible through
+    JUPYTER_PATH for the duration, so the notebooks never run in some other environment.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+        if spec.argv and _same_interpreter(spec.argv[0]):
+            yield KERNEL_NAME
+            return
+    except NoSuchKernel:
+        pass
+    name = "moe-tutorial-python"
+    with tempfile.TemporaryDirectory(prefix="moe-kernel-") as tmp:
+        spec_dir = Path(tmp) / "kernels" / name
+        spec_dir.mkdir(parents=True)
+        (spec_dir / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python {platform.python_version()} ({sys.executable})",
+            "language": "python"}))
+        with _environment(JUPYTER_PATH=os.pathsep.join(
+                p for p in (tmp, os.environ.get("JUPYTER_PATH")) if p)):
+            yield name
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    """Set environment variables (None removes one) for the duration; kernels inherit them."""
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+def _strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def _describe_error(exc: BaseException) -> tuple[str, int | None]:
+    """A readable error and the failing cell's execution count, from papermill's exception."""
+    ename = getattr(exc, "ename", None)
+    if ename is not None:  # papermill.PapermillExecutionError: the error the cell raised
+        trace = _strip_ansi("\n".join(getattr(exc, "traceback", None) or [])).rstrip()
+        last = f"{ename}: {_strip_ansi(str(exc.evalue))}"
+        if not trace.endswith(last):
+            trace = f"{trace}\n{last}".strip()
+        return trace, getattr(exc, "exec_count", None)
+    return f"{type(exc).__name__}: {_strip_ansi(str(exc))}", None
+
+
+def run_course(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
+               device: str | None = None, live: bool = False, cell_timeout: int | None = None,
+               parameters: dict | None = None, log_output: bool = False,
+               echo=print) -> CourseRun:
+    """Execute `notebooks` in order into `out_dir` with papermill; stop at the first failure.
+
+    Injected parameters: MODE, LIVE, DEVICE (when given) and `parameters`. Writes the executed
+    notebooks and `out_dir/report.html`; returns what happened (see `CourseRun`).
+    """
+    import papermill
+
+    mode = course_mode(mode)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    params = {"MODE": mode, "LIVE": bool(live)}
+    if device:
+        params["DEVICE"] = device
+    params.update(parameters or {})
+    timeout = cell_timeout or CELL_TIMEOUT_S[mode]
+    course = CourseRun(mode=mode, out_dir=out_dir, parameters=params,
+                       started=_dt.datetime.now().isoformat(timespec="seconds"))
+    course.runs = [NotebookRun(nb.stem, nb, out_dir / nb.name) for nb in notebooks]
+    repo = PACKAGE_ROOT.parent
+    pythonpath = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
+    env = {MODE_ENV: mode, "MOE_TUTORIAL_LIVE": "always" if live else "0",
+           "MOE_TUTORIAL_DEVICE": device or os.environ.get("MOE_TUTORIAL_DEVICE"),
+           "PYTHONPATH": pythonpath,
+           "JPY_SESSION_NAME": None}  # headless, even when started from a Jupyter kernel
+    start = time.perf_counter()
+    with _environment(**env), kernel_for_this_python() as kernel:
+        course.kernel = kernel
+        for i, run in enumerate(course.runs, start=1):
+            echo(f"[{i}/{len(course.runs)}] {run.name} ...", flush=True)
+            t0 = time.perf_counter()
+            try:
+                papermill.execute_notebook(
+                    str(run.source), str(run.output), parameters=params, kernel_name=kernel,
+                    cwd=str(run.source.parent), execution_timeout=timeout,
+                    store_widget_state=False, progress_bar=False, log_output=log_output)
+                run.status = "ok"
+            except Exception as exc:  # papermill raises on the first error output of a cell
+                run.status = "failed"
+                run.error, run.failed_cell = _describe_error(exc)
+            run.seconds = time.perf_counter() - t0
+            if run.status == "ok":
+                echo(f"[{i}/{len(course.runs)}] {run.name}: ok in {run.seconds:.1f} s")
+                continue
+            where = f" in cell [{run.failed_cell}]" if run.failed_cell else ""
+            echo(f"[{i}/{len(course.runs)}] {run.name}: FAILED after {run.seconds:.1f} s{where}")
+            echo(run.error)
+            rest = [r.name for r in course.runs[i:]]
+            echo(f"Stopped at {run.name}" + (f"; not run: {', '.join(rest)}" if rest else "")
+                 + f". The executed notebook, with the error in place: {run.output}")
+            break
+    course.seconds = time.perf_counter() - start
+    write_report(course)
+    return course
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+REPORT_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1150px;
+ padding:0 1em;color:#1f2328;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:2em;border-bottom:1px solid #d0d7de;padding-bottom:.2em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.9em} caption{text-align:left;font-weight:600;padding:.3em 0}
+th,td{border:1px solid #d0d7de;padding:.25em .6em;vertical-align:top} th{background:#f6f8fa}
+pre{background:#f6f8fa;padding:.6em;overflow-x:auto;font-size:.85em;white-space:pre-wrap}
+pre.error{background:#fff0f0;border-left:4px solid #d1242f}
+.ok{color:#1a7f37;font-weight:600} .failed{color:#d1242f;font-weight:600} .notrun{color:#6e7781}
+.native{color:#1a7f37} .fallback{color:#9a6700} .unavailable{color:#d1242f}
+.muted{color:#6e7781;font-size:.9em} .moe-table-note{color:#6e7781;font-size:.85em;margin-top:0}
+"""
+
+
+def closing_outputs(nb) -> list[dict]:
+    """The outputs of the cells tagged `closing`, in order."""
+    outputs = []
+    for cell in nb.cells:
+        if cell.cell_type == "code" and CLOSING_TAG in cell.get("metadata", {}).get("tags", []):
+            outputs.extend(cell.get("outputs", []))
+    return outputs
+
+
+def _text(value) -> str:
+    return "".join(value) if isinstance(value, list) else str(value)
+
+
+class _FigureCounter:
+    def __init__(self):
+        self.count = 0
+
+
+def render_output(output: dict, figures: _FigureCounter) -> str:
+    """One notebook output as HTML for the report (plotly JSON becomes a live plot)."""
+    kind = output.get("output_type")
+    if kind == "stream":
+        return f'<pre class="stream">{html.escape(_strip_ansi(_text(output.get("text", ""))))}</pre>'
+    if kind == "error":
+        trace = _strip_ansi("\n".join(output.get("traceback", [])))
+        return f'<pre class="error">{html.escape(trace)}</pre>'
+    data = output.get("data", {})
+    if PLOTLY_MIME in data:
+        figures.count += 1
+        spec = data[PLOTLY_MIME]
+        div = f"figure-{figures.count}"
+        payload = json.dumps([spec.get("data", []), spec.get("layout", {}),
+                              {"displaylogo": False, "responsive": True}]).replace("</", "<\\/")
+        return (f'<div id="{div}" class="plot"></div><script>'
+                f'Plotly.newPlot("{div}", ...{payload});</script>')
+    if "text/html" in data:
+        return _text(data["text/html"])
+    for image in ("image/png", "image/jpeg"):
+        if image in data:
+            b64 = _text(data[image]).replace("\n", "")
+            return f'<img alt="figure" src="data:{image};base64,{b64}">'
+    if "image/svg+xml" in data:
+        return _text(data["image/svg+xml"])
+    if WIDGET_MIME in data:
+        return ""  # a live widget: its final state is the static output that follows it
+    if "text/plain" in data:
+        return f"<pre>{html.escape(_strip_ansi(_text(data['text/plain'])))}</pre>"
+    return ""
+
+
+def _versions() -> list[tuple[str, str]]:
+    rows = [("python", f"{platform.python_version()} ({sys.executable})"),
+            ("platform", f"{platform.platform()}, {os.cpu_count()} CPU cores")]
+    for dist in ("moe_tutorial", "torch", "transformers", "transformer_engine", "papermill",
+                 "nbclient", "nbformat", "ipykernel", "plotly", "ipywidgets", "anywidget",
+                 "jupyterlab"):
+        version = None
+        for name in (dist, dist.replace("_", "-")):
+            try:
+                version = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        rows.append((dist, version or "not installed"))
+    try:
+        commit = subprocess.run(["git", "-C", str(PACKAGE_ROOT.parent), "describe", "--always",
+                                 "--dirty"], capture_output=True, text=True, timeout=10)
+        if commit.returncode == 0 and commit.stdout.strip():
+            rows.append(("course commit", commit.stdout.strip()))
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return rows
+
+
+def _capability_html() -> str:
+    from .hardware import capabilities
+
+    caps = capabilities()
+    rows = "".join(
+        f'<tr><td>{html.escape(f.title)}</td><td class="{f.status}">{f.status}</td>'
+        f"<td>{html.escape(f.runs)}</td><td>{html.escape(f.reason)}</td></tr>"
+        for f in caps.features.values())
+    return (f"<pre>{html.escape(caps.describe_machine())}</pre>"
+            '<table class="capabilities"><thead><tr><th>feature</th><th>status</th>'
+            f"<th>what runs</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>")
+
+
+def _cell_times(nb, top: int = 3) -> list[tuple[float, int, str]]:
+    times = []
+    for cell in nb.cells:
+        duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if cell.cell_type == "code" and duration:
+            first = next((line for line in cell.source.splitlines() if line.strip()), "")
+            times.append((float(duration), cell.get("execution_count") or 0, first[:80]))
+    return sorted(times, reverse=True)[:top]
+
+
+def write_report(course: CourseRun) -> Path:
+    """Write `report.html` for a course run (also for a failed or empty one)."""
+    import nbformat
+
+    figures = _FigureCounter()
+    budget = BUDGET_S[course.mode]
+    summary, sections = [], []
+    for run in course.runs:
+        status_class = {"ok": "ok", "failed": "failed"}.get(run.status, "notrun")
+        within = ("" if run.status == "not run"
+                  else ("yes" if run.seconds <= budget else f"no (> {budget} s)"))
+        link = (f'<a href="{html.escape(run.output.name)}">{html.escape(run.output.name)}</a>'
+                if run.output.exists() else "")
+        summary.append(f"<tr><td>{html.escape(run.name)}</td><td class='{status_class}'>"
+                       f"{run.status}</td><td style='text-align:right'>"
+                       f"{run.seconds:.1f}</td><td>{within}</td><td>{link}</td></tr>")
+        if run.status == "not run":
+            continue
+        body = [f"<h2 id='{html.escape(run.name)}'>{html.escape(run.name)} "
+                f"<span class='{status_class}'>{run.status}</span> "
+                f"<span class='muted'>{run.seconds:.1f} s</span></h2>"]
+        if run.error:
+            cell = f" in cell [{run.failed_cell}]" if run.failed_cell else ""
+            body.append(f"<p class='failed'>Failed{cell}:</p>"
+                        f"<pre class='error'>{html.escape(run.error)}</pre>")
+        if run.output.exists():
+            nb = nbformat.read(run.output, as_version=4)
+            slow = _cell_times(nb)
+            if slow:
+                body.append("<p class='muted'>slowest cells: " + "; ".join(
+                    f"[{count}] {seconds:.1f} s <code>{html.escape(first)}</code>"
+                    for seconds, count, first in slow) + "</p>")
+            outputs = closing_outputs(nb)
+            if outputs:
+                body.extend(render_output(o, figures) for o in outputs)
+            elif run.status == "ok":
+                body.append(f"<p class='muted'>(no cell tagged '{CLOSING_TAG}')</p>")
+        sections.append("\n".join(body))
+
+    plotly_js = ""
+    if figures.count:
+        try:
+            from plotly.offline import get_plotlyjs
+
+            plotly_js = f"<script>{get_plotlyjs()}</script>"
+        except ImportError:
+            plotly_js = ("<p class='failed'>plotly is not installed where the report was written:"
+                         " figures cannot be drawn.</p>")
+    n_ok = sum(r.status == "ok" for r in course.runs)
+    verdict = ("<span class='ok'>all notebooks ran</span>" if course.runs and course.ok
+               else f"<span class='failed'>{n_ok} of {len(course.runs)} notebooks ran</span>"
+               if course.runs else "<span class='notrun'>no notebooks</span>")
+    params = ", ".join(f"{k}={v!r}" for k, v in course.parameters.items())
+    versions = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>"
+                       for k, v in _versions())
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>MoE course run {html.escape(course.started)} ({course.mode})</title>
+<style>{REPORT_CSS}</style>{plotly_js}</head><body>
+<h1>Training MoE models fast with Transformer Engine — course run</h1>
+<p>{html.escape(course.started)} · mode <b>{course.mode}</b> · {verdict} · {course.seconds:.0f} s in total
+ · kernel <code>{html.escape(course.kernel)}</code> · parameters <code>{html.escape(params)}</code></p>
+{f"<p>{html.escape(course.note)}</p>" if course.note else ""}
+<h2>What this machine can run</h2>
+{_capability_html()}
+<h2>Notebooks</h2>
+<table><thead><tr><th>notebook</th><th>status</th><th>seconds</th>
+<th>within the {course.mode}-mode budget ({budget} s)?</th><th>executed notebook</th></tr></thead>
+<tbody>{"".join(summary)}</tbody></table>
+<p class="muted">Seconds include starting the notebook's kernel. Every number below was computed in
+this run, on this machine; figures quoted from elsewhere name their source in the notebooks.</p>
+{"".join(sections)}
+<h2>Versions</h2>
+<table><tbody>{versions}</tbody></table>
+<p class="muted">Written by <code>python -m moe_tutorial run</code>.</p>
+</body></html>
+"""
+    course.report.write_text(page, encoding="utf-8")
+    return course.report
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+def _parse_param(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value  # a plain string
+
+
+def add_run_command(subparsers) -> argparse.ArgumentParser:
+    """Add `run` to the `python -m moe_tutorial` command line."""
+    run = subparsers.add_parser(
+        "run", help="execute the course notebooks headless (papermill) and write an HTML report")
+    run.add_argument("--mode", choices=COURSE_MODES, default=None,
+                     help=f"course mode (default: ${MODE_ENV}, else full on a GPU, small on CPU)")
+    run.add_argument("--notebooks", nargs="+", default=None, metavar="NB",
+                     help="which notebooks, in this order: names (01_naive_moe), numbers (01) or "
+                          "paths (default: every notebooks/NN_*.ipynb, in order)")
+    run.add_argument("--out", default=None,
+                     help="folder for the executed notebooks and report.html "
+                          "(default: runs/<timestamp>/)")
+    run.add_argument("--device", default=None, help="device for the notebooks (default: cuda if "
+                                                     "available, else cpu)")
+    run.add_argument("--live", action="store_true",
+                     help="draw the live widgets anyway (headless nobody sees them, and they cost "
+                          "CPU time next to the measurements; off by default)")
+    run.add_argument("--cell-timeout", type=int, default=None,
+                     help=f"seconds one cell may run (default: {CELL_TIMEOUT_S})")
+    run.add_argument("-p", "--param", action="append", default=[], type=_parse_param,
+                     metavar="NAME=VALUE", help="another parameter to inject (Python literal or text)")
+    run.add_argument("--log-output", action="store_true", help="echo the notebooks' output")
+    run.set_defaults(run=_run_command)
+    return run
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    from .hardware import capabilities
+
+    mode = course_mode(args.mode)
+    out = Path(args.out) if args.out else Path("runs") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        notebooks = find_notebooks(args.notebooks)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    missing = [m for m in ("papermill", "nbformat", "ipykernel") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"error: {', '.join(missing)} not installed; install the course's extras: "
+              "pip install -e '.[course,hf]' (or make course)", file=sys.stderr)
+        return 2
+    caps = capabilities()
+    print(caps.describe_machine())
+    print(caps.table())
+    print(f"\ncourse mode {mode}: {len(notebooks)} notebook(s) → {out}/")
+    if not notebooks:
+        out.mkdir(parents=True, exist_ok=True)
+        course = CourseRun(mode=mode, out_dir=out, parameters={"MODE": mode},
+                           started=_dt.datetime.now().isoformat(timespec="seconds"),
+                           note=f"No course notebooks found (looked for {default_notebooks_dir()}"
+                                f"/{NOTEBOOK_GLOB}).")
+        print(course.note)
+        print(f"report: {write_report(course)}")
+        return 0
+    course = run_course(notebooks, out, mode=mode, device=args.device, live=args.live,
+                        cell_timeout=args.cell_timeout, parameters=dict(args.param),
+                        log_output=args.log_output)
+    print(f"report: {course.report}")
+    return 0 if course.ok else 1

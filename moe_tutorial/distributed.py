@@ -1,0 +1,213 @@
+"""Expert parallelism (EP) with torch.distributed: experts sharded over GPUs, tokens sent to them.
+
+A MoE layer's experts hold most of its parameters; one GPU soon cannot hold them all. With
+expert parallelism over `ep` ranks, each rank keeps `E / ep` experts, and every token copy travels
+to the rank that owns its expert and back:
+
+    route locally → sort copies by expert → all-to-all (copies + routing weights) →
+    local experts (any backend: grouped bf16, FP8, te.ops) → all-to-all back → merge the k outputs
+
+Each rank first tells every other rank how many rows it will send to each of its experts (a small
+all-to-all of counts), so the big exchange knows its split sizes. Both exchanges use
+`all_to_all_single_autograd` (torch.distributed's functional collectives), which is
+differentiable: the backward pass sends the gradients back along the same routes.
+
+The world of `dp × ep` ranks is a 2-D device mesh (`dp`, `ep`). Ranks in one `ep` group share
+their tokens' experts; ranks in one `dp` group hold the same experts for different data.
+Gradients are averaged explicitly after the backward pass (`average_gradients`): dense
+parameters over all ranks, expert parameters over their `dp` group only (every rank of an `ep`
+group already accumulated its experts' gradients from all the tokens that visited them). That is
+DDP's arithmetic written out — DDP itself reduces every parameter over one group, and FSDP2
+would also shard the dense weights, which saves little for this model and hides what EP does.
+Works with NCCL on GPUs and gloo on CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+# The differentiable all-to-all (torch.distributed.nn.functional's is deprecated in its favour).
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch import nn
+
+from .experts import ExpertMLP, convert_experts
+from .routing import permute, unpermute
+
+# NVLink multicast stays off in every process of this course (it can take a shared host's GPUs
+# out of service); set before any process group exists.
+SAFE_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                 "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def apply_safe_env() -> None:
+    for key, value in SAFE_NCCL_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """This rank's place in the (dp, ep) mesh."""
+
+    dp: int
+    ep: int
+    dp_rank: int
+    ep_rank: int
+    dp_group: dist.ProcessGroup
+    ep_group: dist.ProcessGroup
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.ep
+
+
+def check_layout(world_size: int, dp: int, ep: int, num_experts: int) -> None:
+    """Clear errors for layouts that cannot work (before any process group is touched)."""
+    if dp < 1 or ep < 1:
+        raise ValueError(f"dp={dp} and ep={ep} must both be >= 1")
+    if dp * ep != world_size:
+        raise ValueError(f"the world size {world_size} does not factor as dp × ep = {dp} × {ep} "
+                         f"= {dp * ep}; launch dp × ep processes (torchrun --nproc_per_node)")
+    if num_experts % ep:
+        raise ValueError(f"num_experts={num_experts} is not divisible by ep={ep}: every EP rank "
+                         f"must hold the same number of experts")
+
+
+def init_layout(dp: int, ep: int, num_experts: int) -> Layout:
+    """The (dp, ep) device mesh of the already-initialised default process group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    check_layout(dist.get_world_size(), dp, ep, num_experts)
+    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    mesh = init_device_mesh(device_type, (dp, ep), mesh_dim_names=("dp", "ep"))
+    return Layout(dp, ep, mesh.get_local_rank("dp"), mesh.get_local_rank("ep"),
+                  mesh.get_group("dp"), mesh.get_group("ep"))
+
+
+class ExpertParallelExperts(nn.Module):
+    """The experts of one MoE layer, sharded over an `ep` group: this rank runs `local` (an
+    experts module of any backend holding experts [first, first + E/ep)) on the token copies that
+    every rank of its group routed to them. Same interface as every experts module."""
+
+    def __init__(self, local: nn.Module, num_experts: int, layout: Layout):
+        super().__init__()
+        self.local = local
+        self.num_experts = num_experts
+        self.layout = layout
+        self.hidden_size, self.intermediate_size = local.hidden_size, local.intermediate_size
+        self.last_path: str | None = None
+
+    @property
+    def backend(self) -> str:
+        return self.local.backend
+
+    # The model's precision setting configures the experts through these (TE backends only).
+    @property
+    def align(self) -> int:
+        return getattr(self.local, "align", 1)
+
+    @align.setter
+    def align(self, value: int) -> None:
+        self.local.align = value
+
+    @property
+    def recipe_name(self) -> str | None:
+        return getattr(self.local, "recipe_name", None)
+
+    @recipe_name.setter
+    def recipe_name(self, value: str | None) -> None:
+        self.local.recipe_name = value
+
+    @property
+    def glu_interleave_size(self) -> int | None:
+        return getattr(self.local, "glu_interleave_size", None)
+
+    @property
+    def first_expert(self) -> int:
+        return self.layout.ep_rank * (self.num_experts // self.layout.ep)
+
+    def forward(self, hidden: torch.Tensor, indices: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+        ep, group = self.layout.ep, self.layout.ep_group
+        per_rank = self.num_experts // ep
+        # 1. sort this rank's token copies by (global) expert: blocks for rank 0, 1, ...
+        rows, row_weights, perm = permute(hidden, indices, weights, self.num_experts)
+        send_counts = perm.tokens_per_expert  # [E]: rows for every expert, in rank order
+        # 2. counts first: recv_counts[src, e] = rows rank `src` sends to my local expert e
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=group)
+        recv_counts = recv_counts.view(ep, per_rank)
+        send_splits = send_counts.view(ep, per_rank).sum(1).tolist()  # host sizes for the exchange
+        recv_splits = recv_counts.sum(1).tolist()
+        # 3. the token copies and their routing weights travel (differentiably)
+        recv_rows = all_to_all_single_autograd(rows, recv_splits, send_splits, group)
+        recv_weights = all_to_all_single_autograd(row_weights, recv_splits, send_splits, group)
+        # 4. local experts: every received row is a "token" routed to one local expert, weighted
+        #    by its routing weight; the backend groups them by expert itself
+        local_expert = torch.repeat_interleave(
+            torch.arange(per_rank, device=recv_counts.device).repeat(ep), recv_counts.flatten())
+        out = self.local(recv_rows, local_expert.unsqueeze(1), recv_weights.unsqueeze(1))
+        # 5. back along the same routes, then each token sums its k (already weighted) outputs
+        back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
+        self.last_path = (f"EP {self.layout.ep_rank}/{ep} (experts {self.first_expert}.."
+                          f"{self.first_expert + per_rank - 1}): {self.local.last_path}")
+        return unpermute(back, perm, None)
+
+
+def shard_experts(model: nn.Module, layout: Layout, **options) -> nn.Module:
+    """Replace every layer's experts by this rank's shard: E/ep experts with the full model's
+    weights, running the model's current expert backend (`options` go to it, as in
+    `set_expert_backend`). Call it last: after `set_expert_backend` and `set_precision`, with
+    identical full weights on all ranks (same seed, or `broadcast_parameters` first). With
+    ep = 1 nothing is sharded: the experts are replicated like every other weight."""
+    num_experts = model.config.num_experts
+    check_layout(layout.world, layout.dp, layout.ep, num_experts)
+    if layout.ep == 1:
+        return model
+    backend = model.expert_backend
+    per_rank = num_experts // layout.ep
+    first = layout.ep_rank * per_rank
+    for layer in model.model.layers:
+        full = layer.mlp.experts
+        gate_up, down = full.hf_weights()
+        local = ExpertMLP(per_rank, full.hidden_size, full.intermediate_size,
+                          dtype=gate_up.dtype, device=gate_up.device)
+        local.load_hf_weights(gate_up[first:first + per_rank], down[first:first + per_rank])
+        if backend != local.backend or options:
+            local = convert_experts(local, backend, **options)
+        layer.mlp.experts = ExpertParallelExperts(local, num_experts, layout)
+        if getattr(model, "precision", None) is not None:  # FP8: the recipe's alignment
+            model._configure_experts(layer.mlp.experts)
+    return model
+
+
+def is_expert_parameter(name: str) -> bool:
+    return ".mlp.experts." in name
+
+
+@torch.no_grad()
+def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
+    """Give every rank rank `src`'s weights (before sharding)."""
+    for p in model.parameters():
+        dist.broadcast(p.data, src)
+
+
+@torch.no_grad()
+def average_gradients(model: nn.Module, layout: Layout) -> None:
+    """Make every rank's gradients those of the mean loss over all ranks: dense parameters are
+    summed over the world, expert parameters over their dp group (their ep group's tokens are
+    already in them), both divided by the world size. One flat buffer per group and dtype."""
+    buckets: dict[tuple, list[torch.Tensor]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            buckets.setdefault((is_expert_parameter(name), p.grad.dtype), []).append(p.grad)
+    for (expert, _), grads in buckets.items():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=layout.dp_group if expert else None)
+        flat /= layout.world
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()

@@ -1,0 +1,45 @@
+"""The Hugging Face baseline: transformers' `MixtralForCausalLM` with the same weights as ours.
+
+transformers 5 ships three ways to run Mixtral's experts; a fair comparison names which one ran:
+
+* `eager` — a Python loop over the experts that received tokens (what `experts.naive_experts`
+  reproduces step for step): the naive baseline;
+* `grouped_mm` — sort tokens by expert, `torch._grouped_mm` per projection (HF's default where
+  available): the strong baseline;
+* and `grouped_mm` under `torch.compile`, the strongest (the recipe's own comparison point).
+
+Attention is `sdpa` in every case, the optimizer torch's fused AdamW.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EXPERTS_IMPLEMENTATIONS = ("eager", "grouped_mm")
+
+
+def hf_mixtral(model, experts_implementation: str = "grouped_mm"):
+    """A transformers `MixtralForCausalLM` with `model`'s config and weights, on its device."""
+    if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
+        raise ValueError(f"experts_implementation must be one of {EXPERTS_IMPLEMENTATIONS}, "
+                         f"got {experts_implementation!r}")
+    import transformers
+
+    config = transformers.MixtralConfig(**model.config.to_hf_config_kwargs())
+    device = next(model.parameters()).device
+    with torch.device(device):  # allocate (and initialise) directly where the weights will live
+        hf = transformers.MixtralForCausalLM._from_config(
+            config, attn_implementation="sdpa", experts_implementation=experts_implementation,
+            dtype=model.config.torch_dtype)
+    hf.load_state_dict(model.to_hf_state_dict())
+    actual = hf.config._experts_implementation
+    if actual != experts_implementation:  # never benchmark something other than what was named
+        raise RuntimeError(f"transformers chose experts_implementation={actual!r}, "
+                           f"not {experts_implementation!r}")
+    return hf
+
+
+def hf_training_loss(hf_model, input_ids: torch.Tensor) -> torch.Tensor:
+    """HF's training loss (next-token cross-entropy + router_aux_loss_coef × aux loss); HF shifts
+    the labels itself."""
+    return hf_model(input_ids=input_ids, labels=input_ids, output_router_logits=True).loss

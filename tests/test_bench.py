@@ -1,0 +1,108 @@
+"""The benchmark harness, at CPU size (the numbers themselves come from GPU runs)."""
+
+import json
+
+import pytest
+import torch
+
+from moe_tutorial import bench
+from moe_tutorial.__main__ import main
+from moe_tutorial.config import preset
+
+
+def test_time_fn_reports_the_median():
+    calls = []
+    t = bench.time_fn(lambda: calls.append(1), warmup=2, iters=5)
+    assert len(calls) == 7 and t.iters == 5 and t.timer == "perf_counter"
+    assert t.min_ms <= t.median_ms <= t.max_ms
+    with pytest.raises(ValueError, match="iters"):
+        bench.time_fn(lambda: None, iters=0)
+
+
+def test_flop_counts():
+    # 18·T·k·H·I for forward + backward of the expert MLP
+    assert bench.expert_mlp_flops(8192, 2, 4096, 14336) == 18 * 8192 * 2 * 4096 * 14336
+    assert bench.expert_mlp_flops(10, 1, 2, 3, backward=False) == 6 * 10 * 2 * 3
+    assert bench.tflops(2e12, 1000.0) == pytest.approx(2.0)
+    cfg = preset("mixtral-2l")
+    assert bench.model_flops_per_token(cfg, 4096) == 6 * cfg.active_params_per_token() + 12 * 2 * 4096 * 4096
+
+
+def test_skewed_routing_is_skewed():
+    shape = bench.EXPERT_SHAPES["tiny"]
+    _, balanced = bench.make_routing(shape, "balanced")
+    _, skewed = bench.make_routing(shape, "skewed")
+    counts = lambda idx: torch.bincount(idx.flatten(), minlength=shape.experts).float()  # noqa: E731
+    assert counts(skewed).std() > 3 * counts(balanced).std()
+    assert counts(skewed)[0] > counts(skewed)[-1]
+
+
+def test_expert_layer_bench_checks_before_timing():
+    rows = bench.bench_expert_layer(bench.EXPERT_SHAPES["tiny"], "skewed", device="cpu",
+                                    warmup=0, iters=2)
+    assert [r["backend"] for r in rows] == ["naive", "grouped_torch", "te_grouped_linear", "te_ops"]
+    for r in rows:
+        assert r["status"] == "ok", r
+        assert r["rel_error"] <= r["tolerance"] and r["median_ms"] > 0 and r["precision"] == "fp32"
+        assert r["speedup_vs_loop"] > 0
+    assert "pure-PyTorch counterpart" in rows[-1]["path"]
+
+
+def test_a_wrong_variant_is_reported_not_timed(monkeypatch):
+    from moe_tutorial import experts
+
+    real = experts.grouped_torch_experts
+    monkeypatch.setitem(experts.BACKENDS, "grouped_torch",
+                        lambda *a: real(*a) * 1.5)  # a plausible bug: a wrong scale
+    rows = bench.bench_expert_layer(bench.EXPERT_SHAPES["tiny"], device="cpu", warmup=0, iters=1,
+                                    variants=[("naive", "bf16"), ("grouped_torch", "bf16")])
+    assert rows[1]["status"] == "wrong" and "median_ms" not in rows[1]
+
+
+def test_oom_and_errors_do_not_stop_the_run(monkeypatch):
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(bench, "_build_train_variant", oom)
+    rows = bench.bench_train_step(preset("tiny"), ["hf_eager", "ours_grouped_torch_bf16"],
+                                  batch=1, seq_len=16, device="cpu", warmup=0, iters=1)
+    assert [r["status"] for r in rows] == ["OOM", "OOM"]
+    assert bench._classify_error(RuntimeError("... CUBLAS_STATUS_NOT_SUPPORTED ..."))["status"] == "unsupported"
+    assert bench._classify_error(RuntimeError("boom"))["status"] == "error"
+
+
+def test_summary_ratios():
+    results = [
+        dict(part="expert", shape="mixtral", routing="balanced", backend="naive", precision="bf16", status="ok", median_ms=50.0),
+        dict(part="expert", shape="mixtral", routing="balanced", backend="te_ops", precision="bf16", status="ok", median_ms=25.0),
+        dict(part="expert", shape="mixtral", routing="balanced", backend="te_ops", precision="DelayedScaling", status="ok", median_ms=20.0),
+        dict(part="expert", shape="mixtral", routing="skewed", backend="te_ops", precision="bf16", status="ok", median_ms=1.0),
+        dict(part="train", variant="hf_eager", status="ok", tokens_per_s=100.0, peak_memory_gb=30.0),
+        dict(part="train", variant="hf_grouped_mm", status="ok", tokens_per_s=150.0, peak_memory_gb=20.0),
+        dict(part="train", variant="ours_te_ops_fp8", status="ok", tokens_per_s=300.0, peak_memory_gb=18.0),
+        dict(part="train", variant="ours_te_ops_bf16", status="OOM"),
+    ]
+    s = bench.summarize(results)
+    assert s["expert_mixtral_best_bf16_speedup_vs_loop"] == 2.0
+    assert s["expert_mixtral_best_fp8_speedup_vs_loop"] == 2.5
+    assert s["expert_finegrained_best_speedup_vs_loop"] is None
+    assert s["train_step_best_variant"] == "ours_te_ops_fp8"
+    assert s["train_step_speedup_vs_hf_eager"] == 3.0 and s["train_step_speedup_vs_hf_grouped_mm"] == 2.0
+    assert s["train_step_speedup_vs_hf_grouped_mm_compiled"] is None
+    assert s["train_step_peak_mem_ratio_vs_hf_grouped_mm"] == pytest.approx(0.9)
+
+
+@pytest.mark.slow
+def test_bench_command_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--routings", "balanced", "--iters", "1", "--warmup", "0",
+                 "--train-variants", "hf_grouped_mm", "ours_grouped_torch_bf16",
+                 "--seq-len", "32", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["complete"] and set(report) >= {"environment", "results", "summary"}
+    assert report["environment"]["torch"] == torch.__version__
+    train = [r for r in report["results"] if r["part"] == "train"]
+    assert [r["variant"] for r in train] == ["hf_grouped_mm", "ours_grouped_torch_bf16"]
+    assert all(r["status"] == "ok" and r["loss_diff"] < 0.02 for r in train)
+    printed = capsys.readouterr().out
+    assert "TFLOP/s = (6 ×" in printed and "summary:" in printed

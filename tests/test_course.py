@@ -1,0 +1,147 @@
+"""The course runner (`python -m moe_tutorial run`): papermill execution, stop on failure, report."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+pytest.importorskip("papermill")
+from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
+
+from moe_tutorial import course  # noqa: E402
+from moe_tutorial.__main__ import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP = ROOT / "notebooks" / "00_setup.ipynb"
+
+
+def _notebook(path: Path, *sources: str, parameters: str = "") -> Path:
+    cells = []
+    if parameters:
+        cells.append(new_code_cell(parameters, metadata={"tags": ["parameters"]}))
+    cells += [new_code_cell(src) for src in sources]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                            "display_name": "Python 3"}})
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup_run(tmp_path_factory):
+    """00_setup executed by the runner, in small mode, with a parameter injected."""
+    if not SETUP.exists():
+        pytest.skip("notebooks/00_setup.ipynb is not in this checkout")
+    out = tmp_path_factory.mktemp("run")
+    return course.run_course([SETUP], out, mode="small", parameters={"N_EXAMPLES": 2})
+
+
+def test_runner_injects_parameters(setup_run):
+    assert setup_run.ok, setup_run.runs[0].error
+    nb = nbformat.read(setup_run.out_dir / "00_setup.ipynb", as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert len(injected) == 1
+    assert 'MODE = "small"' in injected[0].source and "LIVE = False" in injected[0].source
+    assert "N_EXAMPLES = 2" in injected[0].source
+    printed = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert printed.count("\n>cath|") == 2  # the injected value took effect
+    assert "course mode 'small'" in printed
+
+
+def test_executed_copy_holds_its_closing_table_and_figure(setup_run):
+    nb = nbformat.read(setup_run.out_dir / "00_setup.ipynb", as_version=4)
+    outputs = course.closing_outputs(nb)
+    html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
+    text = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "00 · setup: this machine and the data" in html and "unigram baseline" in text
+    assert any(course.PLOTLY_MIME in o.get("data", {}) for o in outputs)
+    # store_widget_state=False and no widget outputs: the executed notebook stays small
+    assert (setup_run.out_dir / "00_setup.ipynb").stat().st_size < 1_000_000
+    assert setup_run.runs[0].seconds > 0 and setup_run.runs[0].status == "ok"
+
+
+def test_report_is_self_contained_with_capabilities_and_closing_tables(setup_run):
+    report = setup_run.report.read_text()
+    assert "What this machine can run" in report
+    assert "TE GroupedLinear" in report and "fused CuTe-DSL grouped MLP" in report  # capability table
+    assert "00 · setup: this machine and the data" in report  # the closing table
+    assert "Plotly.newPlot" in report and "<script src=" not in report  # figures, plotly.js inlined
+    assert "torch" in report and "papermill" in report  # versions
+    assert 'href="00_setup.ipynb"' in report
+
+
+def test_failing_notebook_stops_the_run_and_shows_its_error(tmp_path, capsys):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    first = _notebook(nbs / "01_fine.ipynb", "print('fine')", parameters="MODE = ''")
+    bad = _notebook(nbs / "02_broken.ipynb", "x = 1", "raise ValueError('broken on purpose')")
+    after = _notebook(nbs / "03_after.ipynb", "print('never')")
+    out = tmp_path / "out"
+    code = main(["run", "--mode", "small", "--notebooks", str(first), str(bad), str(after),
+                 "--out", str(out)])
+    assert code == 1
+    printed = capsys.readouterr().out
+    assert "01_fine: ok" in printed and "02_broken: FAILED" in printed
+    assert "ValueError: broken on purpose" in printed and "not run: 03_after" in printed
+    assert (out / "01_fine.ipynb").exists() and (out / "02_broken.ipynb").exists()
+    assert not (out / "03_after.ipynb").exists()
+    report = (out / "report.html").read_text()
+    assert "broken on purpose" in report and "1 of 3 notebooks ran" in report
+
+
+def test_missing_notebooks_folder_is_not_an_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(course, "default_notebooks_dir", lambda: tmp_path / "notebooks")
+    assert main(["run", "--out", str(tmp_path / "out")]) == 0
+    assert "No course notebooks found" in capsys.readouterr().out
+    assert "What this machine can run" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_find_notebooks(tmp_path):
+    for name in ("00_setup", "01_naive_moe", "02_grouped_linear"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    (tmp_path / "scratch.ipynb").write_text("{}")
+    assert [p.stem for p in course.find_notebooks(None, tmp_path)] == ["00_setup", "01_naive_moe",
+                                                                       "02_grouped_linear"]
+    picked = course.find_notebooks(["02", "00_setup.ipynb", "01_naive_moe"], tmp_path)
+    assert [p.stem for p in picked] == ["02_grouped_linear", "00_setup", "01_naive_moe"]
+    with pytest.raises(ValueError, match="'07' not found.*00_setup"):
+        course.find_notebooks(["07"], tmp_path)
+
+
+def test_kernel_starts_this_interpreter(monkeypatch):
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    with course.kernel_for_this_python() as name:  # the normal case
+        spec = KernelSpecManager().get_kernel_spec(name)
+        assert course._same_interpreter(spec.argv[0])
+    foreign = KernelSpec(argv=["/opt/other/bin/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                         display_name="other", language="python")
+    real_get = KernelSpecManager.get_kernel_spec
+    monkeypatch.setattr(KernelSpecManager, "get_kernel_spec",
+                        lambda self, n: foreign if n == "python3" else real_get(self, n))
+    before = os.environ.get("JUPYTER_PATH")
+    with course.kernel_for_this_python() as name:
+        assert name != "python3"
+        assert KernelSpecManager().get_kernel_spec(name).argv[0] == sys.executable
+    assert os.environ.get("JUPYTER_PATH") == before
+
+
+def test_run_command_is_registered(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "--notebooks" in capsys.readouterr().out
+
+
+def test_report_renders_outputs():
+    figures = course._FigureCounter()
+    plot = course.render_output({"output_type": "display_data", "data": {
+        course.PLOTLY_MIME: {"data": [{"type": "bar", "y": [1]}], "layout": {"title": {"text": "</script>"}}},
+        "text/plain": "<plotly figure>"}}, figures)
+    assert figures.count == 1 and "Plotly.newPlot" in plot and "</script>" not in plot.split("<script>")[1][:-9]
+    assert course.render_output({"output_type": "stream", "name": "stdout", "text": "a < b"},
+                                figures) == '<pre class="stream">a &lt; b</pre>'
+    widget = {"output_type": "display_data", "data": {course.WIDGET_MIME: {}, "text/plain": "VBox()"}}
+    assert course.render_output(widget, figures) == ""
+    json.dumps(plot)

@@ -1,0 +1,67 @@
+"""Expert parallelism on CPU with gloo: 2 processes launched with torchrun must compute exactly
+what one process computes (logits and every gradient), whatever the routing."""
+
+import pytest
+
+from moe_tutorial import distributed
+from moe_tutorial.train_dist import launch
+
+# fp32 on CPU: the only differences are the order of sums (tokens regrouped by the all-to-all,
+# gradients averaged across ranks) — ~3e-7 relative seen; 1e-5 still catches any wrong routing,
+# a missing 1/world or a gradient reduced over the wrong group (all >= 1e-1).
+TOLERANCE = 1e-5
+
+
+def _check(*args):
+    result = launch(2, "--mode", "check", *args, timeout=300, echo=False)
+    assert len(result["results"]) == 2
+    return result["results"]
+
+
+@pytest.mark.parametrize("layout, backend", [(("--dp", "1", "--ep", "2"), "grouped_torch"),
+                                             (("--dp", "1", "--ep", "2"), "te_ops"),
+                                             (("--dp", "2", "--ep", "1"), "naive")])
+def test_distributed_equals_single_process(layout, backend):
+    for r in _check(*layout, "--backend", backend):
+        assert r["max_rel_error"] < TOLERANCE, r
+    if layout[-1] == "2":
+        assert r["path"].startswith("EP 1/2 (experts 2..3)")
+
+
+def test_an_ep_rank_that_receives_no_tokens():
+    results = _check("--dp", "1", "--ep", "2", "--starve-rank", "1")
+    assert results[0]["starved_experts"] == [2, 3]
+    for r in results:
+        assert r["max_rel_error"] < TOLERANCE, r
+
+
+def test_layout_errors_are_clear():
+    with pytest.raises(ValueError, match="world size 6 does not factor as dp × ep = 2 × 2"):
+        distributed.check_layout(6, 2, 2, 8)
+    with pytest.raises(ValueError, match="num_experts=6 is not divisible by ep=4"):
+        distributed.check_layout(4, 1, 4, 6)
+    with pytest.raises(ValueError, match="must both be >= 1"):
+        distributed.check_layout(2, 0, 2, 8)
+
+
+def test_a_bad_layout_fails_the_launch_with_its_message():
+    with pytest.raises(RuntimeError, match="does not factor as dp × ep"):
+        launch(2, "--mode", "check", "--dp", "2", "--ep", "2", timeout=300, echo=False)
+
+
+def test_expert_parallel_training_runs():
+    result = launch(2, "--mode", "train", "--steps", "8", "--batch", "4", "--max-sequences", "300",
+                    timeout=300, echo=False)
+    for r in result["results"]:
+        losses = [h["loss"] for h in r["history"]]
+        assert len(losses) == 8 and losses[-1] < losses[0]
+        assert r["val_loss"] < 3.3
+
+
+def test_expert_parallel_benchmark_reports_per_gpu_numbers():
+    result = launch(2, "--mode", "bench", "--iters", "2", "--warmup", "0", timeout=300, echo=False)
+    rank0, rank1 = result["results"]
+    assert rank0["environment"]["torch"] and rank1["environment"] is None
+    for r in (rank0, rank1):
+        assert r["tokens_per_s_per_gpu"] > 0 and r["pflops_per_gpu"] > 0 and r["median_ms"] > 0
+        assert r["world"] == 2 and r["ep"] == 2

@@ -1,0 +1,184 @@
+"""The TE paths on a real GPU, against the references (run with `pytest -m gpu` on the GPU)."""
+
+import pytest
+import torch
+
+from moe_tutorial import hardware
+from moe_tutorial.config import preset
+from moe_tutorial.experts import ExpertMLP, convert_experts, dispatch, interleave_glu
+from moe_tutorial.model import MoEForCausalLM
+from moe_tutorial.quant import supported_recipes
+from moe_tutorial.routing import permute, route
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def te():
+    module = hardware.transformer_engine()
+    if module is None:
+        pytest.skip(f"Transformer Engine not usable here: {hardware.capabilities().env.te_import_error}")
+    return module
+
+
+def _relerr(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _problem(E=8, H=256, I=512, T=1024, k=2, skew=False):
+    torch.manual_seed(0)
+    ref = ExpertMLP(E, H, I, "naive", dtype=torch.bfloat16, device="cuda")
+    torch.nn.init.normal_(ref.gate_up_proj, std=0.05)
+    torch.nn.init.normal_(ref.down_proj, std=0.05)
+    logits = torch.randn(T, E)
+    if skew:
+        logits[:, -2:] -= 100.0  # the last two experts receive no tokens
+    w, idx = route(logits, k)
+    return ref, torch.randn(T, H, dtype=torch.bfloat16, device="cuda"), w.cuda(), idx.cuda()
+
+
+def _fwd_bwd(module, x, idx, w, recipe=None):
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    ctx = (hardware.transformer_engine().autocast(enabled=True, recipe=recipe) if recipe
+           else torch.autocast("cuda", enabled=False))
+    with ctx:
+        out = module(x, idx, w)
+    out.float().square().sum().backward()
+    return out, x.grad, w.grad
+
+
+def test_te_dispatch_equals_the_reference_permutation(te):
+    _, x, w, idx = _problem(skew=True)
+    for align in (1, 16, 128):
+        d = dispatch(x, idx, w, 8, align, te)
+        rows, row_w, perm = permute(x, idx, w, 8, align)
+        assert d.m_splits.tolist() == perm.m_splits.tolist()
+        assert torch.equal(d.rows, rows), f"align {align}"
+        torch.testing.assert_close(d.row_weights, row_w)
+        y = rows * 2
+        torch.testing.assert_close(d.combine(y, True).float(),
+                                   (x.float() * 2 * w.sum(-1, keepdim=True)).to(x.dtype).float(),
+                                   rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("backend, options", [("grouped_torch", {}), ("te_grouped_linear", {}),
+                                              ("te_ops", {}), ("te_ops", dict(glu_interleave_size=32))])
+@pytest.mark.parametrize("skew", [False, True])
+def test_bf16_backends_match_the_loop(te, backend, options, skew):
+    ref, x, w, idx = _problem(skew=skew)
+    expected = _fwd_bwd(ref, x, idx, w)
+    module = convert_experts(ExpertMLP(8, 256, 512, dtype=torch.bfloat16, device="cuda"), backend,
+                             **options)
+    module.load_hf_weights(ref.gate_up_proj, ref.down_proj)
+    got = _fwd_bwd(module, x, idx, w)
+    for a, b, what in zip(expected, got, ("output", "input grad", "routing-weight grad")):
+        assert _relerr(b, a) < 2e-2, f"{backend} {what}: {_relerr(b, a):.2e}"
+    if backend.startswith("te"):
+        assert "te." in module.last_path and "pure-PyTorch" not in module.last_path
+
+
+def test_our_interleave_is_tes(te):
+    w = torch.randn(2 * 128, 64, device="cuda")
+    assert torch.equal(interleave_glu(w, 32), te.interleave_glu_tensor(w, 32))
+
+
+def _fp8_cases():
+    caps = hardware.capabilities()
+    cases = []
+    for recipe in supported_recipes(caps):
+        cases.append(("te_grouped_linear", recipe))
+        if recipe != "Float8BlockScaling":  # cuBLAS has no algorithm for it in te.ops (TE 2.20)
+            cases.append(("te_ops", recipe))
+    return cases
+
+
+@pytest.mark.parametrize("backend, recipe_name", _fp8_cases())
+def test_fp8_backends_within_fp8_tolerance(te, backend, recipe_name):
+    from moe_tutorial.quant import recipe_for
+
+    choice = recipe_for(hardware.capabilities(), recipe_name)
+    ref, x, w, idx = _problem(skew=True)
+    expected = _fwd_bwd(ref, x, idx, w)
+    module = convert_experts(ref, backend, align=choice.align)
+    module.recipe_name = choice.name
+    got = _fwd_bwd(module, x, idx, w, recipe=choice.build())
+    # FP8 E4M3 keeps 3 mantissa bits: ~3.6% RMS error per quantised operand, ~7-9% after two
+    # GEMMs; 0.15 catches wrong answers (~100%) while allowing FP8's rounding.
+    for a, b, what in zip(expected, got, ("output", "input grad", "routing-weight grad")):
+        assert _relerr(b, a) < 0.15, f"{backend}/{recipe_name} {what}: {_relerr(b, a):.3f}"
+    assert f"align {choice.align}" in module.last_path
+
+
+def test_hopper_runs_te_ops_unfused_and_says_why(te):
+    caps = hardware.capabilities()
+    if caps.env.compute_capability[0] == 10:
+        pytest.skip("Blackwell: the fused path is tested by test_fused_path_on_blackwell")
+    ref, x, w, idx = _problem()
+    module = convert_experts(ref, "te_ops", glu_interleave_size=32)
+    module(x, idx, w)
+    assert module.fused is False
+    assert "unfused" in module.last_path and "Blackwell" in module.last_path
+    module.require_fused = True
+    with pytest.raises(RuntimeError, match="require_fused=True"):
+        module(x, idx, w)
+
+
+def test_fused_path_on_blackwell(te):
+    caps = hardware.capabilities()
+    if caps.env.compute_capability[0] != 10 or not caps.is_native("fused_grouped_mlp"):
+        pytest.skip(f"needs Blackwell with the fused grouped MLP enabled: "
+                    f"{caps['fused_grouped_mlp'].reason}")
+    from moe_tutorial.quant import recipe_for
+
+    ref, x, w, idx = _problem(H=1024, I=1024)
+    choice = recipe_for(caps, "MXFP8BlockScaling")
+    module = convert_experts(ref, "te_ops", glu_interleave_size=32, align=256, require_fused=True)
+    module.recipe_name = choice.name
+    expected = _fwd_bwd(ref, x, idx, w)
+    got = _fwd_bwd(module, x, idx, w, recipe=choice.build())
+    assert module.fused, module.last_path
+    assert _relerr(got[0], expected[0]) < 0.15
+
+
+def test_model_fp8_keeps_router_and_lm_head_in_bf16(te):
+    cfg = preset("tiny", hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2,
+                 num_experts=8, dtype="bfloat16", max_seq_len=128)
+    torch.manual_seed(0)
+    model = MoEForCausalLM(cfg, device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (4, 128), device="cuda")
+    targets = torch.roll(ids, -1, 1)
+    bf16_loss = model(ids, targets).loss.item()
+    model.set_expert_backend("te_ops").set_precision("fp8")
+    layer = model.model.layers[0]
+    assert type(layer.self_attn.q_proj).__name__ == "Linear" and "transformer_engine" in type(layer.self_attn.q_proj).__module__
+    assert isinstance(layer.mlp.gate, torch.nn.Module) and type(model.lm_head) is torch.nn.Linear
+    out = model(ids, targets)
+    out.loss.backward()
+    assert abs(out.loss.item() - bf16_loss) < 0.05
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert model.model.layers[0].mlp.experts.align == model.precision.align
+    # the HF-layout export still works after the TE conversion
+    state = model.to_hf_state_dict()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    assert not any(k.endswith("_extra_state") for k in state)
+
+
+def test_hf_baseline_same_weights_same_loss(te):
+    from moe_tutorial.hf_baseline import hf_mixtral, hf_training_loss
+    from moe_tutorial.model import IGNORE_INDEX
+
+    cfg = preset("tiny", hidden_size=256, intermediate_size=512, dtype="bfloat16", max_seq_len=128)
+    model = MoEForCausalLM(cfg, device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (2, 128), device="cuda")
+    targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], 1)
+    ours = model(ids, targets).loss.item()
+    for impl in ("eager", "grouped_mm"):
+        hf = hf_mixtral(model, impl)
+        assert abs(hf_training_loss(hf, ids).item() - ours) < 0.02, impl
+
+
+def test_capability_table_on_this_gpu(te):
+    caps = hardware.capabilities()
+    assert caps.is_native("te_grouped_linear") and caps.is_native("te_ops_grouped_mlp")
+    assert caps.is_native("grouped_mm")

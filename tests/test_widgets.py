@@ -1,0 +1,229 @@
+"""The live dashboard and the static tables/figures the notebooks end with (moe_tutorial.widgets)."""
+
+import json
+import time
+
+import pytest
+
+from moe_tutorial import widgets
+from moe_tutorial.widgets import PLOTLY_MIME, LiveDashboard, Table
+
+go = pytest.importorskip("plotly.graph_objects")
+
+
+# --- tables ----------------------------------------------------------------------------------
+
+def test_table_text_and_html():
+    table = Table(["name", "ms", "speedup"], [["naive <loop>", 12.3456, "1.00x"], ["grouped", 1234.5, "7.50x"]],
+                  title="timings", note="median of 5")
+    text = table.text()
+    lines = text.splitlines()
+    assert lines[0] == "timings" and lines[-1] == "median of 5"
+    assert "1,234" in text and "12.35" in text  # numbers formatted, thousands separated
+    assert lines[3].index("12.35") + len("12.35") == lines[4].index("1,234") + len("1,234")  # right-aligned
+    html = table.html()
+    assert "<caption>timings</caption>" in html and "naive &lt;loop&gt;" in html  # escaped
+    assert 'style="text-align:right">7.50x' in html
+    bundle = table._repr_mimebundle_()
+    assert set(bundle) == {"text/plain", "text/html"} and str(table) == text
+
+
+def test_table_rejects_ragged_rows():
+    with pytest.raises(ValueError, match="2 cells.*3 columns"):
+        Table(["a", "b", "c"], [[1, 2]])
+
+
+def test_format_value():
+    assert widgets.format_value(1234567) == "1,234,567"
+    assert widgets.format_value(0.000123) == "0.000123"
+    assert widgets.format_value(float("nan")) == "n/a"
+    assert widgets.format_value(None) == ""
+
+
+# --- the dashboard, headless -----------------------------------------------------------------
+
+def _fill(dash):
+    for experts in (2, 4, 8):
+        dash.update("naive", experts, 100.0)
+        dash.update("grouped", experts, 25.0 * experts)
+
+
+def test_headless_dashboard_records_and_ends_static(capsys):
+    dash = LiveDashboard("loop vs grouped", baseline="naive", x_title="experts", x_log=True)
+    assert not dash.live  # no Jupyter kernel here
+    _fill(dash)
+    assert dash.speedups() == {"grouped": [(2, 0.5), (4, 1.0), (8, 2.0)]}
+    summary = {r["variant"]: r for r in dash.summary()}
+    assert summary["grouped"]["speedup"] == 1.0 and summary["naive"]["speedup"] == 1.0
+    fig = dash.finish()
+    assert isinstance(fig, go.Figure) and not isinstance(fig, go.FigureWidget)
+    names = [t.name for t in fig.data]
+    assert names.count("naive") == 1 and names.count("grouped") == 2  # throughput + speedup
+    speedup = next(t for t in fig.data if t.name == "grouped" and t.showlegend is False)
+    assert list(speedup.y) == [0.5, 1.0, 2.0]
+    printed = capsys.readouterr().out  # outside IPython the table is printed
+    assert "loop vs grouped" in printed and "median speedup vs naive" in printed
+    assert "not measured (CUDA only)" in printed and dash.redraws == 0
+    assert dash.finish(show=True) is not None and capsys.readouterr().out == ""  # once only
+
+
+def test_headless_updates_cost_microseconds():
+    dash = LiveDashboard("cheap", live=True)
+    start = time.perf_counter()
+    for step in range(20_000):
+        dash.update("naive", step, 1000.0, loss=3.0)
+    assert time.perf_counter() - start < 0.5
+    assert dash.updates == 20_000 and dash.redraws == 0 and dash.overhead_s == 0.0
+
+
+def test_train_callback_feeds_the_dashboard():
+    import torch
+
+    from moe_tutorial.config import preset
+    from moe_tutorial.data import pack_sequences
+    from moe_tutorial.model import MoEForCausalLM
+    from moe_tutorial.train import TrainSettings, train
+
+    cfg = preset("tiny")
+    packed = pack_sequences(["ACDEFGHIKLMNPQRSTVWY" * 8] * 8, cfg.max_seq_len)
+    dash = LiveDashboard("train", panels=("throughput", "loss", "memory"), total=3)
+    history = train(MoEForCausalLM(cfg, "naive"), packed, TrainSettings(steps=3, batch_size=2, warmup_steps=1,
+                    eval_every=0), on_step=dash.train_callback("naive", "cpu"), progress=False)
+    points = dash.series["naive"]
+    assert [p.x for p in points] == [1, 2, 3]
+    assert [p.metrics["loss"] for p in points] == [h["loss"] for h in history]
+    assert all(p.memory_gb is None for p in points)  # not tracked on CPU
+    assert torch.isfinite(torch.tensor([p.value for p in points])).all()
+    fig = dash.figure()
+    assert [t.name for t in fig.data].count("naive") == 2  # throughput and loss
+
+
+def test_unknown_panel():
+    with pytest.raises(ValueError, match="unknown panels"):
+        LiveDashboard(panels=("throughput", "gpu temperature"))
+
+
+# --- when live drawing is (not) possible ---------------------------------------------------
+
+def test_live_only_with_a_frontend(monkeypatch):
+    monkeypatch.setattr(widgets, "in_kernel", lambda: True)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.delenv("MOE_TUTORIAL_LIVE", raising=False)
+    ok, why = widgets.live_support()
+    assert not ok and "no Jupyter frontend attached" in why  # papermill, nbval
+    monkeypatch.setenv("JPY_SESSION_NAME", "notebooks/01_naive_moe.ipynb")  # JupyterLab
+    assert widgets.live_support() == (True, "")
+    monkeypatch.setenv("MOE_TUTORIAL_LIVE", "0")
+    assert not widgets.live_support()[0]
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    monkeypatch.setenv("MOE_TUTORIAL_LIVE", "always")
+    assert widgets.live_support() == (True, "")
+
+
+def test_without_anywidget_a_note_then_static(monkeypatch, capsys):
+    monkeypatch.setattr(widgets, "in_kernel", lambda: True)
+    monkeypatch.setattr(widgets, "_missing", lambda *names: ["anywidget"])
+    dash = LiveDashboard("degraded")
+    notes = capsys.readouterr().out.strip().splitlines()
+    assert len(notes) == 1 and "anywidget not installed" in notes[0] and not dash.live
+    _fill(dash)
+    assert isinstance(dash.finish(show=False), go.Figure)
+
+
+def test_without_plotly_the_table_only(monkeypatch, capsys):
+    monkeypatch.setattr(widgets, "plotly_go", lambda: None)
+    dash = LiveDashboard("no plotly", baseline="naive")
+    _fill(dash)
+    assert dash.figure() is None and dash.finish() is None
+    assert "no plotly" in capsys.readouterr().out
+
+
+# --- live drawing (display calls captured; the widgets are real) ----------------------------
+
+class _Handle:
+    def __init__(self):
+        self.updates = []
+
+    def update(self, obj, **kwargs):
+        self.updates.append(obj)
+
+
+def test_live_redraws_are_throttled_and_end_as_a_static_figure(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    pytest.importorskip("anywidget")
+    handle, shown = _Handle(), []
+
+    def display(obj, **kwargs):
+        shown.append(obj)
+        return handle if kwargs.get("display_id") else None
+
+    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(widgets, "_display", display)
+    now = [0.0]
+    dash = LiveDashboard("live", baseline="naive", total=2000, clock=lambda: now[0])
+    assert dash.live and len(shown) == 1  # the widget box
+    for step in range(1000):  # 1000 updates over 10 simulated seconds
+        now[0] += 0.01
+        dash.update("naive", step, 100.0 + step)
+        dash.update("grouped", step, 300.0 + step)
+    assert 10 <= dash.redraws <= 4 * 10 + 1
+    fw = dash._figure_widget
+    throughput = [t for t in fw.data if t.name == "grouped" and t.showlegend is not False][0]
+    assert len(throughput.x) > 1000 - 0.25 / 0.01  # the last redraw is at most 0.25 s old
+    assert dash._progress.max == 2000 and 0 < dash._progress.value <= dash.updates
+    fig = dash.finish()
+    assert isinstance(fig, go.Figure) and len(fig.data[0].x) == 1000
+    assert len(handle.updates) == 1 and PLOTLY_MIME in handle.updates[0]  # the widget became the figure
+    json.dumps(handle.updates[0][PLOTLY_MIME])  # plain JSON, storable in a notebook
+    assert any("text/html" in o for o in shown if isinstance(o, dict))  # then the table
+    assert dash._widget is None and not dash.live
+
+
+def test_slow_redraws_back_off(monkeypatch):
+    pytest.importorskip("anywidget")
+    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: _Handle() if kw.get("display_id") else None)
+    now = [0.0]
+    dash = LiveDashboard("slow", clock=lambda: now[0])
+    real_specs = LiveDashboard._trace_specs
+
+    def slow_specs(self):
+        now[0] += 0.5  # pretend every redraw takes half a second ...
+        return real_specs(self)
+
+    monkeypatch.setattr(LiveDashboard, "_trace_specs", slow_specs)
+    for step in range(100):  # ... with an update every second
+        now[0] += 1.0
+        dash.update("naive", step, 1.0)
+    assert dash.redraws <= 0.1 * now[0] / 0.5 + 1  # drawing takes at most ~10% of the time
+
+
+# --- in a real kernel (nbclient, like papermill) -----------------------------------------------
+
+def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, monkeypatch):
+    pytest.importorskip("anywidget")
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[new_code_cell(
+        "from moe_tutorial.widgets import LiveDashboard\n"
+        "dash = LiveDashboard('in a kernel', baseline='naive', total=40)\n"
+        "for step in range(20):\n"
+        "    dash.update('naive', step, 100.0)\n"
+        "    dash.update('grouped', step, 200.0)\n"
+        "fig = dash.finish()\n"
+        "print('redraws', dash.redraws, 'live', dash.live)")])
+    monkeypatch.setenv("MOE_TUTORIAL_LIVE", "always")  # no browser here: force live drawing
+    client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=False,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    outputs = nb.cells[0].outputs
+    kinds = [next(iter(o.get("data", {})), o.get("name")) for o in outputs]
+    assert not any(o.output_type == "error" for o in outputs), outputs
+    first = outputs[0]
+    assert PLOTLY_MIME in first["data"], kinds  # display updated in place: no dead widget left
+    assert "widget-view" not in json.dumps(nbformat.from_dict(nb)), "widget state must not be stored"
+    assert any("text/html" in o.get("data", {}) and "in a kernel" in o["data"]["text/html"] for o in outputs)
+    redraws = int(outputs[-1]["text"].split()[1])
+    assert redraws >= 1 and "live False" in outputs[-1]["text"]  # it drew live, then closed

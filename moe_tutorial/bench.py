@@ -165,8 +165,10 @@ def datasheet_tflops(gpu_name: str | None) -> float | None:
     return None
 
 
-def _peak_memory_gb(device) -> float | None:
-    if torch.device(device).type != "cuda":
+def peak_memory_gb(device=None) -> float | None:
+    """Peak memory torch allocated on a CUDA `device` since the last reset, in GiB (2^30 bytes;
+    the "GB" of this course's tables); None on a CPU, where it is not tracked."""
+    if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     return torch.cuda.max_memory_allocated(device) / 2**30
 
@@ -274,7 +276,7 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
                 t = time_fn(step, warmup=warmup, iters=iters, device=device)
                 row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
                            tflops=tflops(shape.flops(), t.median_ms),
-                           peak_memory_gb=_peak_memory_gb(device))
+                           peak_memory_gb=peak_memory_gb(device))
                 if backend == "naive":
                     loop_ms = t.median_ms
                 if loop_ms is not None:
@@ -403,7 +405,7 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                 tokens_per_s = tokens / (t.median_ms / 1e3)
                 row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
                            tokens_per_s=tokens_per_s, tflops=tflops(flops_per_step, t.median_ms),
-                           peak_memory_gb=_peak_memory_gb(device))
+                           peak_memory_gb=peak_memory_gb(device))
                 if hasattr(module, "expert_paths"):
                     row["path"] = module.expert_paths()[0]
         except torch.cuda.OutOfMemoryError:

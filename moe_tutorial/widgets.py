@@ -132,15 +132,6 @@ def _display(obj, **kwargs):
     return display(obj, **kwargs)
 
 
-def peak_memory_gb(device=None) -> float | None:
-    """Peak CUDA memory allocated by torch on `device`, in GB; None on a CPU (not tracked)."""
-    import torch
-
-    if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        return None
-    return torch.cuda.max_memory_allocated(device) / 1e9
-
-
 # ---------------------------------------------------------------------------------------------
 # Tables
 
@@ -358,6 +349,8 @@ class LiveDashboard:
     def train_callback(self, variant: str, device=None) -> Callable[[dict], None]:
         """An `on_step` for `moe_tutorial.train.train`: tokens/s, loss and (on CUDA) peak memory
         of every step. train() calls it after the step's clock has stopped."""
+        from .bench import peak_memory_gb  # torch is imported only by code that trains
+
         def on_step(record: dict) -> None:
             metrics = {"loss": record["loss"]}
             if "val_loss" in record:

@@ -120,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--json", default=None, help="write the history to this JSON file")
     tr.set_defaults(run=_train)
 
-    from .course import add_run_command
+    from .course import add_build_command, add_run_command
     add_run_command(sub)  # `run`: execute the notebooks headless, write report.html
+    add_build_command(sub)  # `build`: exercises/ from solutions/ (--check for CI)
 
     be = sub.add_parser("bench", help="benchmark the expert layer and the training step")
     be.add_argument("--device", default=None)

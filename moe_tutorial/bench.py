@@ -583,3 +583,117 @@ def profile_train_step(config, variant: str, *, batch: int = 2, seq_len: int = 4
                 f"({100 * kernel_ms / wall:.0f}% busy), {launches:.0f} kernel launches per step\n")
     return (f"profile of {variant}, {steps} steps\n{busy}"
             + averages.table(sort_by=sort, row_limit=row_limit))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss curves: do the variants train alike?
+
+def _build_curve_variant(variant, config, device):
+    """(label, loss_fn(ids) -> loss, module) for a TRAIN_VARIANTS name or a
+    (label, backend, precision) tuple of our model; same seeded initial weights either way."""
+    if isinstance(variant, str):
+        return (variant, *_build_train_variant(variant, config, device))
+    from .model import IGNORE_INDEX, MoEForCausalLM
+
+    label, backend, precision = variant
+    torch.manual_seed(0)
+    model = MoEForCausalLM(config, device=device)
+    model.set_expert_backend(backend)
+    model.set_precision(precision)
+
+    def loss_fn(ids):  # HF's labels=input_ids convention, as in _build_train_variant
+        targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], dim=1)
+        return model(ids, targets).loss
+
+    return label, loss_fn, model
+
+
+def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_len: int = 256,
+                      device="cuda", lr: float = 1e-3, windows: torch.Tensor | None = None,
+                      timing_warmup: int = 3,
+                      on_step: Callable[[str, dict], None] | None = None) -> list[dict]:
+    """Train every variant for `steps` steps from the same initial weights on the same batches
+    and return one row per variant with its loss curve — do the variants train alike?
+
+    `variants`: names from `TRAIN_VARIANTS` (the HF baselines and our steps), or
+    ``(label, expert backend, precision)`` tuples for our model with any backend and precision
+    (e.g. ``("te_ops DelayedScaling", "te_ops", "DelayedScaling")``). `windows`: token ids
+    ``[n, >= seq_len]`` (e.g. `data.load_protein_data(seq_len).train`), used in order; default:
+    random tokens. Every variant gets the same optimizer — torch AdamW (fused on a GPU), betas
+    (0.9, 0.95), no weight decay, `lr` after a linear warm-up over the first tenth of the steps,
+    gradients clipped to norm 1 — so the curves differ only where the variants compute
+    differently.
+
+    Each row: variant, status ("ok"; "unavailable" when the variant cannot be set up on this
+    machine, e.g. FP8 without TE; "error", "OOM", "diverged"), losses (one per step),
+    ms_per_step (median wall time of the steps after `timing_warmup`; every step ends with
+    `loss.item()`, which waits for the GPU), tokens_per_s, peak_memory_gb (CUDA only), path
+    (what the experts ran), error. `on_step(label, record)` receives each step's
+    ``{step, loss, ms, tokens_per_s}`` (e.g. for a `widgets.LiveDashboard`), outside the timing.
+    """
+    import math
+
+    if steps < 1 or batch < 1 or seq_len < 2:
+        raise ValueError(f"need steps >= 1, batch >= 1, seq_len >= 2; "
+                         f"got {steps}, {batch}, {seq_len}")
+    needed = steps * batch
+    if windows is None:
+        gen = torch.Generator().manual_seed(0)
+        windows = torch.randint(0, config.vocab_size, (needed, seq_len), generator=gen)
+    if windows.shape[-1] < seq_len:
+        raise ValueError(f"windows of {windows.shape[-1]} tokens are shorter than "
+                         f"seq_len={seq_len}")
+    order = torch.arange(needed) % windows.shape[0]  # the same batches, same order, for all
+    batches = [windows[order[i * batch:(i + 1) * batch], :seq_len] for i in range(steps)]
+    warmup_steps = max(1, steps // 10)
+    on_cuda = torch.device(device).type == "cuda"
+    results = []
+    for variant in variants:
+        label = variant if isinstance(variant, str) else variant[0]
+        row = dict(part="curve", variant=label, steps=steps, batch=batch, seq_len=seq_len,
+                   losses=[], status="ok")
+        loss_fn = module = opt = None
+        try:
+            _reset_memory(device)
+            try:
+                label, loss_fn, module = _build_curve_variant(variant, config, device)
+            except ValueError as exc:  # refused by set_expert_backend / set_precision: say why
+                row.update(status="unavailable", error=f"{type(exc).__name__}: {exc}"[:500])
+                continue
+            params = [p for p in module.parameters() if p.requires_grad]
+            opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0,
+                                    fused=on_cuda or None)
+            times = []
+            for step, ids in enumerate(batches):
+                for group in opt.param_groups:
+                    group["lr"] = lr * min(1.0, (step + 1) / warmup_steps)
+                start = time.perf_counter()
+                loss = loss_fn(ids.to(device))
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                value = loss.item()  # waits for the GPU: the step's wall time is complete
+                ms = (time.perf_counter() - start) * 1e3
+                times.append(ms)
+                if not math.isfinite(value):
+                    row.update(status="diverged", error=f"loss {value} at step {step + 1}")
+                    break
+                row["losses"].append(value)
+                if on_step is not None:
+                    on_step(label, dict(step=step + 1, loss=value, ms=ms,
+                                        tokens_per_s=ids.numel() / (ms / 1e3)))
+            timed = times[timing_warmup:] or times
+            row["ms_per_step"] = statistics.median(timed)
+            row["tokens_per_s"] = batch * seq_len / (row["ms_per_step"] / 1e3)
+            row["peak_memory_gb"] = peak_memory_gb(device)
+            if hasattr(module, "expert_paths"):
+                row["path"] = module.expert_paths()[0]
+        except torch.cuda.OutOfMemoryError:
+            row["status"] = "OOM"
+        except Exception as exc:  # one broken variant must not hide the others' curves
+            row.update(_classify_error(exc))
+        finally:
+            del loss_fn, module, opt  # free this variant's memory before the next one
+            results.append(row)
+    return results

@@ -15,6 +15,38 @@ Widgets: headless nobody watches a live dashboard, so the runner passes `LIVE=Fa
 `MOE_TUTORIAL_LIVE=0` (`--live` draws them anyway, e.g. to test them), and papermill runs with
 `store_widget_state=False`, so an executed notebook stays small instead of embedding plotly.js in
 widget state.
+
+Exercises from solutions
+------------------------
+
+    python -m moe_tutorial build [--check]
+
+writes `exercises/NN_*.ipynb` from `solutions/NN_*.ipynb`, the single source of both. In a
+solutions notebook, a *solution region* is a block of lines inside a function body (indented),
+opened by `### BEGIN SOLUTION`, followed at once by a one-line `### HINT: <text>`, and closed by
+`### END SOLUTION`:
+
+    def route(logits, top_k):
+        ### BEGIN SOLUTION
+        ### HINT: softmax in float32 over the experts, torch.topk, divide the k weights by their sum
+        probs = torch.softmax(logits.float(), dim=-1)
+        ...
+        ### END SOLUTION
+
+In the exercise each region becomes two lines at the region's indentation,
+
+        # YOUR CODE HERE (replace this line and the next; then run the check below)
+        raise NotImplementedError("softmax in float32 over the experts, torch.topk, divide ...")
+
+so the exercise notebook still runs top to bottom: defining the function raises nothing, calling it
+raises NotImplementedError, which `moe_tutorial.checks` reports as "not implemented yet". Every
+other cell, line and piece of metadata is copied unchanged, except what running a notebook leaves
+behind: outputs, execution counts, cell timings (`execution`) and the notebook's `widgets` /
+`papermill` metadata are stripped. The output is deterministic (byte-identical on every run). A
+region outside a function body, without its hint, unclosed or nested is an error that names the
+notebook, cell and line. `--check` writes nothing and fails (exit 1) when `exercises/` differs from
+what the build would write, saying which file and how to fix it; CI runs it (tests/test_build.py).
+Stale exercises (no solution of that name any more) are deleted by the build, reported by --check.
 """
 
 from __future__ import annotations
@@ -84,12 +116,17 @@ class CourseRun:
 # ---------------------------------------------------------------------------------------------
 # Which notebooks
 
-def default_notebooks_dir() -> Path:
-    """`notebooks/` of the current directory, else the one next to this package (a checkout)."""
-    for candidate in (Path.cwd() / "notebooks", PACKAGE_ROOT.parent / "notebooks"):
+def _course_folder(name: str) -> Path:
+    """`name/` of the current directory, else the one next to this package (a checkout)."""
+    for candidate in (Path.cwd() / name, PACKAGE_ROOT.parent / name):
         if candidate.is_dir():
             return candidate
-    return Path.cwd() / "notebooks"
+    return Path.cwd() / name
+
+
+def default_notebooks_dir() -> Path:
+    """`notebooks/` of the current directory, else the one next to this package (a checkout)."""
+    return _course_folder("notebooks")
 
 
 def find_notebooks(selection: list[str] | None = None, notebooks_dir: Path | None = None) -> list[Path]:
@@ -526,3 +563,216 @@ def _run_command(args: argparse.Namespace) -> int:
                         log_output=args.log_output)
     print(f"report: {course.report}")
     return 0 if course.ok else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercises from solutions (`python -m moe_tutorial build`; the convention is in the docstring)
+
+SOLUTION_BEGIN = "### BEGIN SOLUTION"
+SOLUTION_END = "### END SOLUTION"
+HINT_PREFIX = "### HINT:"
+STUB_COMMENT = "# YOUR CODE HERE (replace this line and the next; then run the check below)"
+_MARKER_LIKE = re.compile(r"^\s*###\s*(BEGIN|END)\s+SOLUTION|^\s*###\s*HINT\b", re.IGNORECASE)
+_RUN_LEFTOVERS = {"cell": ("execution",), "notebook": ("widgets", "papermill")}
+
+
+class BuildError(ValueError):
+    """A solution region the build cannot turn into a stub (the message says where and why)."""
+
+
+def stub_source(source: str, where: str = "cell") -> tuple[str, int]:
+    """A code cell's source with every solution region replaced by its stub, and how many
+    regions there were. `where` names the cell in error messages."""
+    lines = source.split("\n")
+    out: list[str] = []
+    regions = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        stripped = line.strip()
+        if stripped != SOLUTION_BEGIN:
+            if _MARKER_LIKE.match(line):
+                what = (f"{SOLUTION_END} without {SOLUTION_BEGIN}" if stripped == SOLUTION_END
+                        else f"{HINT_PREFIX} outside a solution region" if stripped.startswith(HINT_PREFIX)
+                        else f"{stripped!r} looks like a solution marker but is not "
+                             f"{SOLUTION_BEGIN!r} / {SOLUTION_END!r} / {HINT_PREFIX!r}")
+                raise BuildError(f"{where}, line {i + 1}: {what}")
+            out.append(line)
+            i += 1
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        if not indent:
+            raise BuildError(
+                f"{where}, line {i + 1}: {SOLUTION_BEGIN} must sit inside a function body "
+                "(indented), so that the exercise still runs: the stub raises only when called")
+        hint_line = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        hint = hint_line[len(HINT_PREFIX):].strip() if hint_line.startswith(HINT_PREFIX) else ""
+        if not hint:
+            raise BuildError(f"{where}, line {i + 2}: {SOLUTION_BEGIN} must be followed by a "
+                             f"one-line '{HINT_PREFIX} <text>' (the stub's NotImplementedError "
+                             "message)")
+        end = i + 2
+        while end < len(lines) and lines[end].strip() != SOLUTION_END:
+            if _MARKER_LIKE.match(lines[end]):
+                raise BuildError(f"{where}, line {end + 1}: {lines[end].strip()!r} inside the "
+                                 f"solution region opened at line {i + 1} (regions do not nest; "
+                                 "one hint per region)")
+            end += 1
+        if end == len(lines):
+            raise BuildError(f"{where}, line {i + 1}: {SOLUTION_BEGIN} is never closed by "
+                             f"{SOLUTION_END}")
+        if not any(body.strip() for body in lines[i + 2:end]):
+            raise BuildError(f"{where}, line {i + 1}: the solution region is empty")
+        message = json.dumps(hint, ensure_ascii=False)  # a valid Python string literal
+        out += [f"{indent}{STUB_COMMENT}", f"{indent}raise NotImplementedError({message})"]
+        regions += 1
+        i = end + 1
+    return "\n".join(out), regions
+
+
+def _lines(text: str) -> list[str]:
+    """A source string as the list of lines Jupyter stores (each but the last keeps its \\n)."""
+    return text.splitlines(keepends=True)
+
+
+def exercise_notebook(solution: dict, where: str = "notebook") -> dict:
+    """The exercise version of a solutions notebook (its JSON, as a dict): regions become stubs,
+    run leftovers are stripped, everything else is copied. Raises BuildError for bad markers or
+    a notebook without any solution region."""
+    exercise = json.loads(json.dumps(solution))  # a deep copy that stays plain JSON
+    regions = 0
+    for number, cell in enumerate(exercise.get("cells", []), start=1):
+        for key in _RUN_LEFTOVERS["cell"]:
+            cell.get("metadata", {}).pop(key, None)
+        if cell.get("cell_type") != "code":
+            continue
+        source, found = stub_source(_text(cell.get("source", "")), f"{where}, cell {number}")
+        regions += found
+        cell["source"] = _lines(source)
+        cell["outputs"] = []
+        cell["execution_count"] = None
+    for key in _RUN_LEFTOVERS["notebook"]:
+        exercise.get("metadata", {}).pop(key, None)
+    if not regions:
+        raise BuildError(f"{where}: no solution region ({SOLUTION_BEGIN} ... {SOLUTION_END}); "
+                         "an exercise notebook needs at least one")
+    return exercise
+
+
+def notebook_json(nb: dict) -> str:
+    """A notebook as Jupyter and nbformat write it: sorted keys, one-space indent, a final newline."""
+    return json.dumps(nb, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def default_solutions_dir() -> Path:
+    """`solutions/` of the current directory, else the one next to this package (a checkout)."""
+    return _course_folder("solutions")
+
+
+@dataclass
+class BuildResult:
+    written: list[Path] = field(default_factory=list)  # created or changed (not in --check)
+    unchanged: list[Path] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)  # stale exercises without a solution
+    problems: list[str] = field(default_factory=list)  # --check: what is out of date
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _differing_cells(old_text: str, new_text: str) -> str:
+    try:
+        old, new = json.loads(old_text), json.loads(new_text)
+    except json.JSONDecodeError:
+        return "it is not valid notebook JSON"
+    old_cells, new_cells = old.get("cells", []), new.get("cells", [])
+    differ = [n for n, (a, b) in enumerate(zip(old_cells, new_cells), start=1) if a != b]
+    parts = []
+    if differ:
+        shown = ", ".join(map(str, differ[:8])) + (", ..." if len(differ) > 8 else "")
+        parts.append(f"cell{'s' if len(differ) > 1 else ''} {shown} differ")
+    if len(old_cells) != len(new_cells):
+        parts.append(f"it has {len(old_cells)} cells, the build writes {len(new_cells)}")
+    if not parts:
+        parts.append("the notebook metadata or formatting differs")
+    return "; ".join(parts)
+
+
+def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | None = None, *,
+                    check: bool = False) -> BuildResult:
+    """Generate `exercises_dir/NN_*.ipynb` from `solutions_dir/NN_*.ipynb` (see the docstring).
+
+    With `check`, write nothing and list in `problems` every exercise that is missing, differs
+    from what the build would write, or has no solution any more. Raises BuildError for bad
+    solution markers."""
+    solutions_dir = Path(solutions_dir) if solutions_dir else default_solutions_dir()
+    exercises_dir = Path(exercises_dir) if exercises_dir else solutions_dir.parent / "exercises"
+    sources = sorted(solutions_dir.glob(NOTEBOOK_GLOB)) if solutions_dir.is_dir() else []
+    if not sources:
+        raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}")
+    result = BuildResult()
+    fix = "run `python -m moe_tutorial build` and commit exercises/"
+    for source in sources:
+        where = f"{solutions_dir.name}/{source.name}"
+        text = notebook_json(exercise_notebook(json.loads(source.read_text(encoding="utf-8")),
+                                               where))
+        target = exercises_dir / source.name
+        shown = f"{exercises_dir.name}/{target.name}"
+        existing = target.read_text(encoding="utf-8") if target.exists() else None
+        if existing == text:
+            result.unchanged.append(target)
+        elif check:
+            why = ("is missing" if existing is None else
+                   f"is out of date with {where} ({_differing_cells(existing, text)})")
+            result.problems.append(f"{shown} {why}: {fix}")
+        else:
+            exercises_dir.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+            result.written.append(target)
+    expected = {s.name for s in sources}
+    for stale in sorted(exercises_dir.glob(NOTEBOOK_GLOB)) if exercises_dir.is_dir() else []:
+        if stale.name in expected:
+            continue
+        if check:
+            result.problems.append(f"{exercises_dir.name}/{stale.name} has no "
+                                   f"{solutions_dir.name}/{stale.name}: {fix} (it deletes it)")
+        else:
+            stale.unlink()
+            result.removed.append(stale)
+    return result
+
+
+def add_build_command(subparsers) -> argparse.ArgumentParser:
+    """Add `build` to the `python -m moe_tutorial` command line."""
+    build = subparsers.add_parser(
+        "build", help="generate exercises/ from solutions/ (--check: fail when out of date)")
+    build.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 when exercises/ is not what the build writes")
+    build.add_argument("--solutions", default=None, metavar="DIR",
+                       help="the solutions notebooks (default: ./solutions, else the checkout's)")
+    build.add_argument("--exercises", default=None, metavar="DIR",
+                       help="where the exercises go (default: exercises/ next to solutions/)")
+    build.set_defaults(run=_build_command)
+    return build
+
+
+def _build_command(args: argparse.Namespace) -> int:
+    try:
+        result = build_exercises(args.solutions, args.exercises, check=args.check)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        for problem in result.problems:
+            print(problem, file=sys.stderr)
+        if result.ok:
+            print(f"exercises up to date ({len(result.unchanged)} notebooks)")
+        return 0 if result.ok else 1
+    for path in result.written:
+        print(f"wrote {path}")
+    for path in result.removed:
+        print(f"removed {path} (no solution notebook)")
+    print(f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
+          f"{len(result.removed)} removed")
+    return 0

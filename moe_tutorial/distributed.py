@@ -211,3 +211,76 @@ def average_gradients(model: nn.Module, layout: Layout) -> None:
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+# ---------------------------------------------------------------------------------------------
+# What a (dp, ep) layout costs, computed from the config alone (no process group, no weights):
+# the parameters and training state one rank holds, and the bytes its collectives move per step.
+
+def parameter_counts(config) -> dict[str, int]:
+    """The parameters of the model `config` describes, split the way `average_gradients` splits
+    them: `expert` (every layer's experts: sharded over the ep group) and `dense` (embeddings,
+    attention, norms, routers, lm_head: a full copy on every rank)."""
+    h, heads, kv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
+    expert = config.num_layers * config.num_experts * 3 * h * config.intermediate_size
+    attention = h * heads * d * 2 + h * kv * d * 2  # q, o and k, v projections
+    per_layer = attention + 2 * h + config.num_experts * h  # two RMSNorms, the router
+    dense = config.num_layers * per_layer + 2 * config.vocab_size * h + h  # embed, lm_head, norm
+    return {"expert": expert, "dense": dense, "total": expert + dense}
+
+
+def training_state_per_rank(config, dp: int, ep: int, *,
+                            bytes_per_param: int | None = None) -> dict[str, float]:
+    """Parameters one rank of a (dp, ep) layout holds, and the bytes of its training state:
+    weights + gradients + AdamW's two moments, all in the parameters' dtype as torch's AdamW
+    keeps them (4 × 2 bytes in bf16; `bytes_per_param` overrides, e.g. 16 for fp32 master
+    weights and moments with bf16 copies). Activations and communication buffers come on top."""
+    check_layout(dp * ep, dp, ep, config.num_experts)
+    counts = parameter_counts(config)
+    per_param = bytes_per_param or 4 * config.torch_dtype.itemsize
+    expert, dense = counts["expert"] // ep, counts["dense"]
+    return {"expert_params": expert, "dense_params": dense, "params": expert + dense,
+            "bytes_per_param": per_param, "state_bytes": (expert + dense) * per_param}
+
+
+def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
+                           activation_bytes: int | None = None,
+                           gradient_bytes: int | None = None) -> dict[str, float]:
+    """Bytes one rank's collectives move in a training step (forward + backward) of a (dp, ep)
+    layout with `tokens_per_rank` tokens, as `ExpertParallelExperts` and `average_gradients`
+    move them. Sizes default to the config's dtype.
+
+    all-to-all (ep > 1), every MoE layer: the tokens × top_k copies (hidden vectors) go out to
+    their experts' ranks and their outputs come back — 2 exchanges — and the backward pass
+    sends the gradients of both along the same routes — 2 more; the fp32 routing weights travel
+    with the copies (forward) and their gradients back (backward); and the int64 counts
+    (num_experts per layer) go first. `all_to_all_bytes` is the volume through the exchange;
+    the copies routed to this rank's own experts stay local, so with balanced routing
+    (ep - 1) / ep of it crosses to other ranks (`all_to_all_remote_bytes`).
+
+    all-reduce (world > 1): dense gradients over all ranks, expert gradients over the dp group
+    (dp > 1; the shard's size). `allreduce_sent_bytes`: what a ring all-reduce sends per rank,
+    2 (n - 1) / n of each buffer reduced over n ranks."""
+    check_layout(dp * ep, dp, ep, config.num_experts)
+    act = activation_bytes or config.torch_dtype.itemsize
+    grad = gradient_bytes or config.torch_dtype.itemsize
+    copies = tokens_per_rank * config.top_k
+    all_to_all = 0
+    if ep > 1:
+        hidden = copies * config.hidden_size * act * 2 * 2  # dispatch + combine, fwd + bwd
+        weights = copies * 4 * 2  # fp32 routing weights: forward, and their gradients
+        counts = config.num_experts * 8  # int64 rows per expert (forward only)
+        all_to_all = config.num_layers * (hidden + weights + counts)
+    params = parameter_counts(config)
+    world = dp * ep
+    dense = params["dense"] * grad if world > 1 else 0
+    expert = params["expert"] // ep * grad if dp > 1 else 0
+
+    def ring(n):
+        return 2 * (n - 1) / n
+
+    return {"all_to_all_bytes": all_to_all,
+            "all_to_all_remote_bytes": all_to_all * (ep - 1) / ep,
+            "dense_allreduce_bytes": dense, "expert_allreduce_bytes": expert,
+            "allreduce_bytes": dense + expert,
+            "allreduce_sent_bytes": dense * ring(world) + expert * ring(dp)}

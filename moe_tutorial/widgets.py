@@ -449,8 +449,9 @@ class LiveDashboard:
         return specs
 
     def _layout(self, fig) -> None:
-        fig.update_layout(title=dict(text=self.title), height=380, margin=dict(t=90, b=50),
-                          legend=dict(orientation="h", yanchor="bottom", y=1.1, xanchor="right", x=1),
+        # The legend goes under the panels: above them it collides with a long title.
+        fig.update_layout(title=dict(text=self.title), height=420, margin=dict(t=80, b=110),
+                          legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0),
                           template="plotly_white")
         for i, panel in enumerate(self.panels, start=1):
             fig.update_xaxes(title_text=self.x_title if panel != "memory" else "",

@@ -1,0 +1,179 @@
+"""JupyterLab + headless Chromium for the browser tests: start, drive, observe, shut down.
+
+JupyterLab runs on a copy of the course's notebooks (running cells in a browser saves outputs,
+and the committed notebooks must stay clean) with small mode in its environment. Chromium is
+Debian's (`apt-get install chromium`), driven by Playwright for Python through
+`executable_path` — Playwright's own browser download is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"]
+ARTIFACTS = ROOT / "build" / "browser-artifacts"  # screenshots of every run (git-ignored)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def jupyter_lab(folders: list[str], tmp: Path):
+    """A JupyterLab server on a copy of `folders`; yields (base_url, token). Always stopped."""
+    root = tmp / "course"
+    for folder in folders:
+        if (ROOT / folder).is_dir():
+            shutil.copytree(ROOT / folder, root / folder)
+    settings = tmp / "lab-settings" / "@jupyterlab"
+    for extension, name, values in [
+            # No "get notified about Jupyter news?" toast over the notebook.
+            ("apputils-extension", "notification", {"fetchNews": "false"}),
+            # Render every cell, on screen or not, so the tests can read any cell's output.
+            ("notebook-extension", "tracker", {"windowingMode": "none"})]:
+        (settings / extension).mkdir(parents=True)
+        (settings / extension / f"{name}.jupyterlab-settings").write_text(json.dumps(values))
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "MOE_TUTORIAL_MODE": "small", "MOE_TUTORIAL_LIVE": "1",
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "lab-workspaces")}
+    log = open(tmp / "jupyterlab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
+         "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}",
+         f"--ServerApp.root_dir={root}", "--allow-root"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start; see {tmp / 'jupyterlab.log'}:\n"
+                                       + (tmp / "jupyterlab.log").read_text()[-2000:])
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+# The notebook in the visible tab (a restored workspace may keep others open behind it).
+ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
+
+
+class Notebook:
+    """One notebook open in JupyterLab, with the few actions and observations the tests need."""
+
+    def __init__(self, page, name: str):
+        self.page, self.name = page, name
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    def screenshot(self, label: str) -> Path:
+        path = ARTIFACTS / f"{Path(self.name).stem}-{label}.png"
+        self.page.screenshot(path=str(path), full_page=False)
+        return path
+
+    def screenshot_last_plot(self, label: str) -> Path | None:
+        """A picture of the newest plotly figure on the page (the one being drawn)."""
+        plots = self.page.locator(".js-plotly-plot")
+        if plots.count() == 0:
+            return None
+        plot = plots.last
+        plot.scroll_into_view_if_needed()
+        path = ARTIFACTS / f"{Path(self.name).stem}-{label}.png"
+        plot.screenshot(path=str(path))
+        return path
+
+    def fail(self, message: str):
+        raise AssertionError(f"{message} (screenshot: {self.screenshot('failure')})")
+
+    def wait_until_ready(self, timeout_s: float = 90) -> None:
+        self.page.wait_for_selector(ACTIVE, timeout=timeout_s * 1e3)
+        self.wait_for_idle(timeout_s)
+
+    def kernel_idle(self) -> bool:
+        """No cell queued or running, and the status bar says the kernel is idle."""
+        return self.page.evaluate(
+            """() => { const bar = document.querySelector('#jp-main-statusbar');
+                       const busy = [...document.querySelectorAll('.jp-InputPrompt')]
+                         .some(p => p.textContent.includes('[*]'));
+                       return !busy && !!bar && bar.innerText.includes('Idle'); }""")
+
+    def wait_for_idle(self, timeout_s: float, *, poll=None) -> None:
+        deadline = time.time() + timeout_s
+        while not self.kernel_idle():
+            if poll is not None:
+                poll()
+            if time.time() > deadline:
+                self.fail(f"{self.name}: kernel still busy after {timeout_s:.0f} s")
+            time.sleep(0.5)
+
+    def run_all(self) -> None:
+        """Run ▸ Run All Cells, as a learner would."""
+        self.page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+        self.page.click("li[data-command='runmenu:run-all']")
+
+    def cell(self, index: int):
+        cell = self.page.locator(f"{ACTIVE} .jp-Cell").nth(index)
+        cell.scroll_into_view_if_needed()
+        return cell
+
+    def replace_cell_source(self, index: int, source: str) -> None:
+        """Click into a code cell, select everything and type `source` over it (inserted as
+        text, so the editor's auto-indent and bracket-closing do not alter it)."""
+        editor = self.cell(index).locator(".cm-content")
+        editor.scroll_into_view_if_needed()
+        editor.click()
+        self.page.keyboard.press("Control+a")
+        self.page.keyboard.insert_text(source)
+
+    def run_cell(self, index: int, timeout_s: float = 60) -> str:
+        """Run one cell (Shift+Enter in it) and return its output text once the kernel is idle."""
+        self.cell(index).locator(".cm-content").click()
+        self.page.keyboard.press("Shift+Enter")
+        time.sleep(0.5)
+        self.wait_for_idle(timeout_s)
+        return self.cell(index).locator(".jp-OutputArea").inner_text()
+
+    def error_outputs(self) -> list[str]:
+        """Texts of error outputs (a traceback), ignoring harmless stderr such as warnings."""
+        return self.page.evaluate(
+            """() => [...document.querySelectorAll(
+                 '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
+                 .map(e => e.innerText)
+                 .filter(t => t.includes('Traceback') || t.includes('Cell In[') || /^\\w+Error: /m.test(t))""")
+
+    def plot_points(self) -> int:
+        return self.page.evaluate(
+            "() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length")
+
+    def trace_names(self) -> set[str]:
+        return set(self.page.evaluate(
+            "() => [...document.querySelectorAll('.js-plotly-plot .legendtext')].map(e => e.textContent)"))
+
+    def text(self) -> str:
+        return self.page.inner_text(ACTIVE)

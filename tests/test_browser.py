@@ -1,0 +1,123 @@
+"""The course as a learner meets it: JupyterLab in a real (headless) browser.
+
+nbval and papermill run notebooks headless; they cannot see whether the live dashboard renders
+and updates in JupyterLab, or whether an exercise's check shows its feedback there. These tests
+do what a person does and look at the page. Screenshots land in build/browser-artifacts/ (and,
+with MOE_TUTORIAL_UPDATE_DOCS=1, the README's pictures in docs/)."""
+
+import os
+import shutil
+import time
+
+import pytest
+
+from browser_lab import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
+
+pytestmark = pytest.mark.browser
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (the test extra)")
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (.ci/run does)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    with jupyter_lab(["notebooks", "exercises"], tmp_path_factory.mktemp("lab")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        yield chromium
+        chromium.close()
+
+
+def _open(browser, lab, path):
+    base, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{base}/lab/tree/{path}?reset&token={token}")  # reset: a fresh workspace
+    notebook = Notebook(page, path)
+    notebook.wait_until_ready()
+    return notebook
+
+
+def _keep_for_docs(shot, name):
+    if os.environ.get("MOE_TUTORIAL_UPDATE_DOCS") == "1":
+        (ROOT / "docs").mkdir(exist_ok=True)
+        shutil.copy(shot, ROOT / "docs" / name)
+
+
+def test_live_dashboard_renders_and_updates_in_jupyterlab(lab, browser):
+    nb = _open(browser, lab, "notebooks/02_grouped_linear.ipynb")
+    nb.run_all()
+    counts, mid_shot = [], None
+
+    def observe():
+        nonlocal mid_shot
+        points = nb.plot_points()
+        if points and (not counts or points != counts[-1]):
+            counts.append(points)
+            if mid_shot is None and points >= 12:  # a few measurements in
+                mid_shot = nb.screenshot_last_plot("dashboard-mid-run")
+
+    time.sleep(1)
+    nb.wait_for_idle(240, poll=observe)
+    nb.screenshot("page-end")
+    final = nb.screenshot_last_plot("dashboard-end")
+    errors = nb.error_outputs()
+    if errors:
+        nb.fail(f"error output in the notebook: {errors[0][:500]}")
+    if len(counts) < 2 or max(counts) <= min(counts):
+        nb.fail(f"the dashboard did not update while the cells ran (plotted points seen: {counts})")
+    if not {"naive", "grouped_torch"} <= nb.trace_names():
+        nb.fail(f"expected the naive and grouped_torch traces, found {sorted(nb.trace_names())}")
+    if "02 · loop vs grouped" not in nb.text():
+        nb.fail("the closing table is not visible")
+    assert mid_shot is not None
+    _keep_for_docs(mid_shot, "dashboard-live.png")
+    _keep_for_docs(final, "dashboard-end.png")
+    nb.page.close()
+
+
+# The solution cell of exercise 01's router (cell 4), a plausible wrong answer, and the check cell.
+ROUTER_CELL, ROUTER_CHECK_CELL = 4, 5
+CORRECT_ROUTER = '''def route(logits, top_k):
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, indices = torch.topk(probs, top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), indices
+'''
+UNNORMALISED_ROUTER = '''def route(logits, top_k):
+    probs = torch.softmax(logits.float(), dim=-1)
+    return torch.topk(probs, top_k, dim=-1)
+'''
+
+
+def test_an_exercise_gives_feedback_in_jupyterlab(lab, browser):
+    nb = _open(browser, lab, "exercises/01_router_and_loop.ipynb")
+    if "def route(" not in nb.cell(ROUTER_CELL).inner_text():
+        nb.fail("cell 4 of exercise 01 is no longer the router's solution cell: update this test")
+    nb.run_all()  # the stubs run too: every check says "not implemented yet", nothing raises
+    nb.wait_for_idle(180)
+    if nb.error_outputs():
+        nb.fail(f"error output in the exercise: {nb.error_outputs()[0][:500]}")
+    first = nb.cell(ROUTER_CHECK_CELL).locator(".jp-OutputArea").inner_text()
+    assert "not implemented yet" in first, first
+
+    nb.replace_cell_source(ROUTER_CELL, UNNORMALISED_ROUTER)
+    nb.run_cell(ROUTER_CELL)
+    wrong = nb.run_cell(ROUTER_CHECK_CELL)
+    wrong_shot = nb.screenshot("exercise-wrong")
+    if "✗" not in wrong or "renormalis" not in wrong:
+        nb.fail(f"expected a diagnosis about renormalising the top-k weights, got: {wrong!r}")
+
+    nb.replace_cell_source(ROUTER_CELL, CORRECT_ROUTER)
+    nb.run_cell(ROUTER_CELL)
+    right = nb.run_cell(ROUTER_CHECK_CELL)
+    right_shot = nb.screenshot("exercise-pass")
+    if "✓" not in right or not ("passed" in right or "agree" in right):
+        nb.fail(f"expected the check to pass, got: {right!r}")
+    _keep_for_docs(wrong_shot, "exercise-diagnosis.png")
+    _keep_for_docs(right_shot, "exercise-pass.png")
+    nb.page.close()

@@ -1,0 +1,177 @@
+"""`python -m moe_tutorial build`: exercises/ generated from solutions/, and `--check`, which CI
+runs (test_the_committed_exercises_are_up_to_date) so that a stale exercises/ fails `make test`."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_tutorial import course
+from moe_tutorial.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+REGION = '''import torch
+
+
+def double(x):
+    """Twice x."""
+    y = x  # before the region
+    ### BEGIN SOLUTION
+    ### HINT: multiply by two
+    y = 2 * x
+    ### END SOLUTION
+    return y
+
+
+print("defined")'''
+
+
+def test_a_region_becomes_a_stub_and_nothing_else_changes():
+    stub, regions = course.stub_source(REGION)
+    assert regions == 1
+    assert stub == REGION.replace(
+        '''    ### BEGIN SOLUTION
+    ### HINT: multiply by two
+    y = 2 * x
+    ### END SOLUTION
+''', f'''    {course.STUB_COMMENT}
+    raise NotImplementedError("multiply by two")
+''')
+    namespace: dict = {}
+    exec(stub, namespace)  # defining the function raises nothing ...
+    with pytest.raises(NotImplementedError, match="^multiply by two$"):
+        namespace["double"](3)  # ... calling it does
+
+
+def test_hints_with_quotes_and_several_regions():
+    source = ('def f():\n    ### BEGIN SOLUTION\n    ### HINT: use "x" and \'y\' \\ here\n'
+              '    pass\n    ### END SOLUTION\n\n\ndef g():\n    if True:\n'
+              '        ### BEGIN SOLUTION\n        ### HINT: second\n        return 1\n'
+              '        ### END SOLUTION\n')
+    stub, regions = course.stub_source(source)
+    assert regions == 2
+    namespace: dict = {}
+    exec(stub, namespace)
+    with pytest.raises(NotImplementedError) as info:
+        namespace["f"]()
+    assert str(info.value) == 'use "x" and \'y\' \\ here'
+    assert '        raise NotImplementedError("second")' in stub
+
+
+@pytest.mark.parametrize("source,message", [
+    ("### BEGIN SOLUTION\n### HINT: h\nx = 1\n### END SOLUTION", "must sit inside a function body"),
+    ("def f():\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION", "must be followed by"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### HINT:\n    x = 1\n    ### END SOLUTION",
+     "must be followed by"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### HINT: h\n    x = 1", "is never closed"),
+    ("def f():\n    x = 1\n    ### END SOLUTION", "without ### BEGIN SOLUTION"),
+    ("def f():\n    ### HINT: h\n    x = 1", "outside a solution region"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### HINT: h\n    ### BEGIN SOLUTION\n    ### END SOLUTION",
+     "regions do not nest"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### HINT: h\n\n    ### END SOLUTION", "is empty"),
+    ("def f():\n    ### Begin Solution\n    x = 1", "looks like a solution marker"),
+])
+def test_bad_markers_are_errors_that_say_where(source, message):
+    with pytest.raises(course.BuildError, match=message) as info:
+        course.stub_source(source, "solutions/09_x.ipynb, cell 3")
+    assert str(info.value).startswith("solutions/09_x.ipynb, cell 3, line ")
+
+
+def _notebook(*cells, metadata=None) -> dict:
+    return {"cells": list(cells), "metadata": metadata or {"kernelspec": {"name": "python3"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def _code(source, **extra) -> dict:
+    cell = {"cell_type": "code", "id": f"c{len(source)}", "metadata": {},
+            "source": source.splitlines(keepends=True), "outputs": [], "execution_count": None}
+    cell.update(extra)
+    return cell
+
+
+def test_exercise_notebook_strips_what_running_leaves_and_keeps_the_rest():
+    markdown = {"cell_type": "markdown", "id": "m1", "metadata": {"tags": ["intro"]},
+                "source": ["Uses `### BEGIN SOLUTION` in prose: not a marker.\n"]}
+    ran = _code("print(1)", outputs=[{"output_type": "stream", "name": "stdout", "text": ["1\n"]}],
+                execution_count=7, metadata={"tags": ["parameters"], "execution": {"t": 1}})
+    solution = _notebook(markdown, ran, _code(REGION), metadata={
+        "kernelspec": {"name": "python3"}, "widgets": {"state": {}}, "papermill": {"x": 1}})
+    exercise = course.exercise_notebook(solution)
+    assert exercise["cells"][0] == markdown
+    assert exercise["cells"][1]["outputs"] == [] and exercise["cells"][1]["execution_count"] is None
+    assert exercise["cells"][1]["metadata"] == {"tags": ["parameters"]}
+    assert "raise NotImplementedError" in "".join(exercise["cells"][2]["source"])
+    assert exercise["metadata"] == {"kernelspec": {"name": "python3"}}
+    assert solution["cells"][1]["execution_count"] == 7, "the solution itself is not modified"
+    with pytest.raises(course.BuildError, match="no solution region"):
+        course.exercise_notebook(_notebook(markdown, ran), "solutions/07_y.ipynb")
+
+
+@pytest.fixture()
+def checkout(tmp_path):
+    """A copy of solutions/ and exercises/ to build in."""
+    shutil.copytree(ROOT / "solutions", tmp_path / "solutions")
+    shutil.copytree(ROOT / "exercises", tmp_path / "exercises")
+    return tmp_path
+
+
+def test_build_is_deterministic(checkout):
+    shutil.rmtree(checkout / "exercises")
+    first = course.build_exercises(checkout / "solutions")
+    assert len(first.written) == len(list((checkout / "solutions").glob("*.ipynb"))) >= 5
+    before = {p.name: p.read_bytes() for p in (checkout / "exercises").iterdir()}
+    second = course.build_exercises(checkout / "solutions")
+    assert not second.written and len(second.unchanged) == len(first.written)
+    assert before == {p.name: p.read_bytes() for p in (checkout / "exercises").iterdir()}
+    assert before == {p.name: p.read_bytes() for p in (ROOT / "exercises").iterdir()}, \
+        "the committed exercises are what the build writes"
+
+
+def test_check_names_the_stale_file_and_the_fix(checkout):
+    source = checkout / "solutions" / "01_router_and_loop.ipynb"
+    nb = json.loads(source.read_text())
+    nb["cells"][0]["source"].append("\nOne more sentence.")
+    source.write_text(course.notebook_json(nb))
+    (checkout / "exercises" / "02_permute_and_grouped_gemm.ipynb").unlink()
+    (checkout / "exercises" / "09_old.ipynb").write_text("{}")
+    result = course.build_exercises(checkout / "solutions", check=True)
+    assert not result.ok
+    problems = "\n".join(result.problems)
+    assert ("exercises/01_router_and_loop.ipynb is out of date with "
+            "solutions/01_router_and_loop.ipynb (cell 1 differ") in problems
+    assert "exercises/02_permute_and_grouped_gemm.ipynb is missing" in problems
+    assert "exercises/09_old.ipynb has no solutions/09_old.ipynb" in problems
+    assert all("run `python -m moe_tutorial build`" in p for p in result.problems)
+    assert (checkout / "exercises" / "09_old.ipynb").exists(), "--check writes nothing"
+    fixed = course.build_exercises(checkout / "solutions")
+    assert fixed.removed == [checkout / "exercises" / "09_old.ipynb"]
+    assert course.build_exercises(checkout / "solutions", check=True).ok
+
+
+def test_cli_build_and_check(checkout, capsys):
+    args = ["--solutions", str(checkout / "solutions"), "--exercises", str(checkout / "exercises")]
+    assert main(["build", "--check", *args]) == 0
+    assert "exercises up to date" in capsys.readouterr().out
+    (checkout / "exercises" / "03_mxfp8_blocks.ipynb").write_text("{}")
+    assert main(["build", "--check", *args]) == 1
+    err = capsys.readouterr().err
+    assert "exercises/03_mxfp8_blocks.ipynb is out of date" in err
+    assert "python -m moe_tutorial build" in err
+    assert main(["build", *args]) == 0
+    assert "wrote" in capsys.readouterr().out
+    broken = checkout / "solutions" / "04_te_ops_grouped_mlp.ipynb"
+    broken.write_text(broken.read_text().replace("### END SOLUTION", "### END"))
+    assert main(["build", *args]) == 2
+    assert "error: solutions/04_te_ops_grouped_mlp.ipynb, cell " in capsys.readouterr().err
+
+
+def test_the_committed_exercises_are_up_to_date():
+    """What CI runs: `python -m moe_tutorial build --check` from the checkout."""
+    result = subprocess.run([sys.executable, "-m", "moe_tutorial", "build", "--check"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "exercises up to date (5 notebooks)" in result.stdout

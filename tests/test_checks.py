@@ -1,0 +1,669 @@
+"""moe_tutorial.checks: every check passes the solution, says "not implemented yet" for the stub,
+and diagnoses plausible wrong answers in one sentence; no check ever raises.
+
+The solution and the stub of every exercise are taken from the notebooks themselves
+(`solutions/` and the generated `exercises/`), so these tests follow the single source.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from moe_tutorial import checks, routing
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (notebook number, the learner's function, its check)
+EXERCISES = [
+    ("01", "route", "check_route"),
+    ("01", "load_balancing_loss", "check_load_balancing_loss"),
+    ("01", "expert_loop", "check_expert_loop"),
+    ("02", "permute", "check_permute"),
+    ("02", "unpermute", "check_unpermute"),
+    ("02", "grouped_mlp", "check_grouped_mlp"),
+    ("03", "quantize_block", "check_quantize_block"),
+    ("03", "quantize", "check_quantize"),
+    ("03", "dequantize", "check_dequantize"),
+    ("04", "build_grouped_mlp", "check_build_grouped_mlp"),
+    ("04", "te_ops_expert_layer", "check_te_ops_expert_layer"),
+    ("05", "choose_recipe", "check_choose_recipe"),
+    ("05", "predict_speedup", "check_predict_speedup"),
+]
+
+
+def _notebook(folder: str, number: str) -> Path:
+    (path,) = sorted((ROOT / folder).glob(f"{number}_*.ipynb"))
+    return path
+
+
+def _code_cells(path: Path) -> list[dict]:
+    return [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def notebook_functions(folder: str, number: str) -> dict:
+    """The namespace after running a notebook's parameters and setup cells and every cell that
+    defines a function (the exercises), as a learner's kernel would have it."""
+    cells = _code_cells(_notebook(folder, number))
+    first = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+    namespace: dict = {}
+    for i, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        if i in (first, first + 1) or source.startswith("def "):
+            exec(compile(source, f"{folder}/{number} cell {i}", "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def solutions():
+    return {n: notebook_functions("solutions", n) for n in sorted({e[0] for e in EXERCISES})}
+
+
+@pytest.fixture(scope="module")
+def stubs():
+    return {n: notebook_functions("exercises", n) for n in sorted({e[0] for e in EXERCISES})}
+
+
+def _run(check: str, fn, capsys) -> tuple[bool, str]:
+    ok = getattr(checks, check)(fn)
+    return ok, capsys.readouterr().out
+
+
+def test_every_exercise_has_a_check_a_cell_that_calls_it_and_a_fallback():
+    for folder in ("solutions", "exercises"):
+        for number, name, check in EXERCISES:
+            text = "\n".join("".join(c["source"]) for c in _code_cells(_notebook(folder, number)))
+            assert f"def {name}(" in text
+            assert f"checks.{check}({name})" in text, f"{folder}/{number}: no cell runs {check}"
+            assert f"checks.pick({name}, checks.reference.{name}," in text
+    defined = {name for number in {e[0] for e in EXERCISES}
+               for cell in _code_cells(_notebook("solutions", number))
+               if "### BEGIN SOLUTION" in "".join(cell["source"])
+               for name in [("".join(cell["source"]).split("def ", 1)[1].split("(", 1)[0])]}
+    assert defined == {name for _, name, _ in EXERCISES}, "every solution region is an exercise"
+    assert {c for _, _, c in EXERCISES} == {n for n in dir(checks) if n.startswith("check_")}
+
+
+@pytest.mark.parametrize("number,name,check", EXERCISES, ids=[e[1] for e in EXERCISES])
+def test_the_solution_passes(number, name, check, solutions, capsys):
+    ok, out = _run(check, solutions[number][name], capsys)
+    assert ok, out
+    assert out.startswith(f"✓ {check}")
+
+
+@pytest.mark.parametrize("number,name,check", EXERCISES, ids=[e[1] for e in EXERCISES])
+def test_the_stub_is_not_implemented_yet(number, name, check, stubs, capsys):
+    ok, out = _run(check, stubs[number][name], capsys)
+    assert not ok
+    assert f"{check}: not implemented yet" in out and "(hint: " in out, out
+    assert checks.RESULTS[check] == checks.NOT_IMPLEMENTED
+
+
+# Not here: predict_speedup (no reference model: the fallback answers NaN) and build_grouped_mlp
+# (the fallback is the package's own chain, experts.TEOpsExperts(...).mlp, whatever `ops` the
+# check hands it; test_the_grouped_mlp_fallback covers it).
+SELF_CHECKED = [e for e in EXERCISES if e[1] not in ("predict_speedup", "build_grouped_mlp")]
+
+
+@pytest.mark.parametrize("number,name,check", SELF_CHECKED, ids=[e[1] for e in SELF_CHECKED])
+def test_the_reference_passes_its_own_check(number, name, check, capsys):
+    """`pick`'s fallback has the exercise's signature and the exercise's semantics."""
+    ok, out = _run(check, getattr(checks.reference, name), capsys)
+    assert ok, out
+
+
+def test_the_grouped_mlp_fallback():
+    """reference.build_grouped_mlp builds the package's chain; wired into the layer it computes
+    the expert loop's result."""
+    mlp = checks.reference.build_grouped_mlp(checks.torch_ops, 4, 32, 64, None, torch.float32, "cpu")
+    for e in range(4):
+        for k in (0, 2):
+            torch.nn.init.normal_(mlp[k].get_parameter(f"weight{e}"), std=0.1)
+    gate_up, down = (torch.stack([mlp[k].get_parameter(f"weight{e}") for e in range(4)]).detach()
+                     for k in (0, 2))
+    x = torch.randn(20, 32)
+    weights, indices = routing.route(torch.randn(20, 4), 2)
+    out = checks.reference.te_ops_expert_layer(mlp, x, indices, weights, 4, 8)
+    torch.testing.assert_close(out, checks.reference.expert_loop(x, indices, weights, gate_up, down),
+                               rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plausible wrong answers, and the diagnosis each must get
+
+def route_not_renormalised(logits, top_k):
+    return torch.topk(torch.softmax(logits.float(), -1), top_k, -1)
+
+
+def route_softmax_in_bf16(logits, top_k):
+    w, i = torch.topk(torch.softmax(logits, -1), top_k, -1)
+    return w / w.sum(-1, keepdim=True), i
+
+
+def route_bf16_then_float(logits, top_k):
+    w, i = torch.topk(torch.softmax(logits, -1).float(), top_k, -1)
+    return w / w.sum(-1, keepdim=True), i
+
+
+def route_naive_exp(logits, top_k):
+    e = logits.float().exp()
+    w, i = (e / e.sum(-1, keepdim=True)).topk(top_k, -1)
+    return w / w.sum(-1, keepdim=True), i
+
+
+def route_smallest(logits, top_k):
+    w, i = torch.softmax(logits.float(), -1).topk(top_k, -1, largest=False)
+    return w / w.sum(-1, keepdim=True), i
+
+
+def _lb(router_logits, top_k, *, per_slot=False, times_e=True, detach=False):
+    logits = torch.cat([layer.float() for layer in router_logits])
+    tokens, num_experts = logits.shape
+    probs = logits.softmax(-1)
+    chosen = probs.topk(top_k, -1).indices
+    f = torch.bincount(chosen.flatten(), minlength=num_experts).float() / tokens
+    f = f / top_k if per_slot else f
+    loss = (f * probs.mean(0)).sum() * (num_experts if times_e else 1)
+    return loss.detach() if detach else loss
+
+
+def lb_divides_by_tokens_times_k(router_logits, top_k):
+    return _lb(router_logits, top_k, per_slot=True)
+
+
+def lb_without_e(router_logits, top_k):
+    return _lb(router_logits, top_k, times_e=False)
+
+
+def lb_mean_over_layers(router_logits, top_k):
+    return sum(_lb([layer], top_k) for layer in router_logits) / len(router_logits)
+
+
+def lb_detached(router_logits, top_k):
+    return _lb(router_logits, top_k, detach=True)
+
+
+def lb_differentiable_counts(router_logits, top_k):
+    logits = torch.cat([layer.float() for layer in router_logits])
+    tokens, num_experts = logits.shape
+    probs = logits.softmax(-1)
+    mask = torch.zeros_like(probs).scatter(1, probs.topk(top_k, -1).indices, 1.0)
+    f = (mask * probs / probs.detach()).sum(0) / tokens  # the right value, a gradient it must not have
+    return num_experts * (f * probs.mean(0)).sum()
+
+
+def _loop(hidden, indices, weights, gate_up, down, *, weighted=True, swap=False, overwrite=False,
+          dtype=None):
+    out = torch.zeros_like(hidden, dtype=dtype or hidden.dtype)
+    for e in range(gate_up.shape[0]):
+        token, slot = torch.where(indices == e)
+        gate, up = (hidden[token] @ gate_up[e].T).chunk(2, -1)
+        if swap:
+            gate, up = up, gate
+        y = (F.silu(gate) * up) @ down[e].T
+        if weighted:
+            y = y * weights[token, slot, None]
+        if overwrite:
+            out[token] = y.to(out.dtype)
+        else:
+            out.index_add_(0, token, y.to(out.dtype))
+    return out
+
+
+def loop_unweighted(*args):
+    return _loop(*args, weighted=False)
+
+
+def loop_gate_up_swapped(*args):
+    return _loop(*args, swap=True)
+
+
+def loop_overwrites(*args):
+    return _loop(*args, overwrite=True)
+
+
+def loop_float32_output(*args):
+    return _loop(*args, dtype=torch.float32)
+
+
+def permute_drops_empty_experts(hidden, indices, num_experts, align=1):
+    rows, m_splits, row_of = checks.reference.permute(hidden, indices, num_experts, align)
+    return rows, m_splits[m_splits > 0], row_of
+
+
+def permute_ignores_align(hidden, indices, num_experts, align=1):
+    return checks.reference.permute(hidden, indices, num_experts, 1)
+
+
+def permute_rounds_down(hidden, indices, num_experts, align=1):
+    rows, _, row_of = checks.reference.permute(hidden, indices, num_experts, align)
+    return rows, torch.bincount(indices.flatten(), minlength=num_experts) // align * align, row_of
+
+
+def permute_inclusive_starts(hidden, indices, num_experts, align=1):
+    """Block e placed at cumsum(m_splits)[e] (the end of block e) instead of its start."""
+    tokens, top_k = indices.shape
+    flat = indices.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts)
+    m_splits = (counts + align - 1) // align * align
+    rank = torch.arange(flat.numel()) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    row_of = torch.empty_like(flat)
+    row_of[order] = (torch.cumsum(m_splits, 0)[flat[order]] + rank) % int(m_splits.sum())
+    rows = hidden.new_zeros(int(m_splits.sum()), hidden.shape[1])
+    rows[row_of] = hidden.repeat_interleave(top_k, 0)
+    return rows, m_splits, row_of.view(tokens, top_k)
+
+
+def unpermute_unweighted(rows, row_of, weights=None):
+    return rows[row_of].float().sum(1).to(rows.dtype)
+
+
+def unpermute_without_sum(rows, row_of, weights=None):
+    per_slot = rows[row_of]
+    return per_slot if weights is None else (per_slot * weights[..., None]).to(rows.dtype)
+
+
+def unpermute_fails_without_weights(rows, row_of, weights=None):
+    return (rows[row_of].float() * weights.unsqueeze(-1)).sum(1).to(rows.dtype)
+
+
+def unpermute_mean(rows, row_of, weights=None):
+    return rows[row_of].float().mean(1).to(rows.dtype)
+
+
+def _grouped(rows, m_splits, gate_up, down, offsets_of, act=lambda g, u: F.silu(g) * u, w_t=True):
+    offs = offsets_of(torch.as_tensor(m_splits))
+    h = torch._grouped_mm(rows, gate_up.transpose(-2, -1) if w_t else gate_up, offs=offs)
+    gate, up = h.chunk(2, -1)
+    return torch._grouped_mm(act(gate, up), down.transpose(-2, -1), offs=offs)
+
+
+def grouped_block_starts(rows, m_splits, gate_up, down):
+    return _grouped(rows, m_splits, gate_up, down,
+                    lambda s: (torch.cumsum(s, 0) - s).to(torch.int32))
+
+
+def grouped_splits_as_offsets(rows, m_splits, gate_up, down):
+    return _grouped(rows, m_splits, gate_up, down, lambda s: s.to(torch.int32))
+
+
+def grouped_without_silu(rows, m_splits, gate_up, down):
+    return _grouped(rows, m_splits, gate_up, down, lambda s: torch.cumsum(s, 0).to(torch.int32),
+                    act=lambda g, u: g * u)
+
+
+def grouped_int64_offsets(rows, m_splits, gate_up, down):
+    return _grouped(rows, m_splits, gate_up, down, lambda s: torch.cumsum(s, 0))
+
+
+def grouped_untransposed(rows, m_splits, gate_up, down):
+    return _grouped(rows, m_splits, gate_up, down, lambda s: torch.cumsum(s, 0).to(torch.int32),
+                    w_t=False)
+
+
+def _block(block, exponent_of, *, multiply=False):
+    x = block.float()
+    amax = x.abs().max().item()
+    e = -127 if amax == 0 else exponent_of(amax)
+    return (x * 2.0 ** (e if multiply else -e)).to(torch.float8_e4m3fn), e + 127
+
+
+def block_floor(block):
+    return _block(block, lambda a: math.floor(math.log2(a / 448)))
+
+
+def block_ocp_rule(block):
+    return _block(block, lambda a: math.floor(math.log2(a)) - 8)
+
+
+def block_divides_by_256(block):
+    return _block(block, lambda a: math.ceil(math.log2(a / 256)))
+
+
+def block_unbiased_byte(block):
+    data, byte = _block(block, lambda a: math.ceil(math.log2(a / 448)))
+    return data, byte - 127
+
+
+def block_log2_of_zero(block):
+    x = block.float()
+    e = torch.ceil(torch.log2(x.abs().max() / 448))
+    return (x / 2 ** e).to(torch.float8_e4m3fn), int(e) + 127
+
+
+def block_signed_max(block):
+    x = block.float()
+    amax = x.max().item()
+    e = -127 if amax <= 0 else math.ceil(math.log2(amax / 448))
+    return (x * 2.0 ** -e).to(torch.float8_e4m3fn), e + 127
+
+
+def block_multiplies(block):
+    return _block(block, lambda a: math.ceil(math.log2(a / 448)), multiply=True)
+
+
+def block_float32_elements(block):
+    data, byte = _block(block, lambda a: math.ceil(math.log2(a / 448)))
+    return data.float(), byte
+
+
+def _quantize(x, rounding=torch.ceil, per_tensor=False, blocks_of=32):
+    rows, n = x.shape
+    blocks = F.pad(x.float(), (0, -n % blocks_of)).view(rows, -1, blocks_of)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    if per_tensor:
+        amax = amax.amax().expand_as(amax)
+    e = rounding(torch.log2(amax / 448)).clamp(-127, 127)
+    data = (blocks * torch.exp2(-e)).to(torch.float8_e4m3fn).view(rows, -1)[:, :n]
+    return data, (e + 127).squeeze(-1).to(torch.uint8)
+
+
+def quantize_drops_the_tail(x):
+    n = x.shape[1] // 32 * 32
+    data, scales = _quantize(x[:, :n])
+    tail = torch.zeros(x.shape[0], x.shape[1] - n, dtype=torch.uint8)
+    return torch.cat([data.view(torch.uint8), tail], 1).view(torch.float8_e4m3fn), scales
+
+
+def quantize_per_tensor(x):
+    return _quantize(x, per_tensor=True)
+
+
+def quantize_along_columns(x):
+    data, scales = _quantize(x.T.contiguous())
+    return data.T.contiguous(), scales.T.contiguous()
+
+
+def quantize_floor(x):
+    return _quantize(x, rounding=torch.floor)
+
+
+def _per_element(scales, n, offset=127.0):
+    return torch.exp2(scales.float() - offset).repeat_interleave(32, -1)[:, :n]
+
+
+def dequantize_unbiased(data, scales):
+    return data.float() * _per_element(scales, data.shape[1], 0.0)
+
+
+def dequantize_divides(data, scales):
+    return data.float() / _per_element(scales, data.shape[1])
+
+
+def dequantize_keeps_padding(data, scales):
+    return data.float() * torch.exp2(scales.float() - 127).repeat_interleave(32, -1)
+
+
+def _chain(ops, e, h, i, glu, dtype, device, *, bias=False, gate_up_out=None, swiglu=True):
+    kw = dict(bias=bias, device=device, dtype=dtype)
+    parts = [ops.GroupedLinear(e, h, gate_up_out or 2 * i, **kw)]
+    if swiglu:
+        parts.append(ops.ScaledSwiGLU(glu_interleave_size=glu))
+    parts.append(ops.GroupedLinear(e, i if swiglu else 2 * i, h, **kw))
+    return ops.Sequential(*parts)
+
+
+def build_with_bias(ops, e, h, i, glu=None, dtype=torch.float32, device="cpu"):
+    return _chain(ops, e, h, i, glu, dtype, device, bias=True)
+
+
+def build_gate_up_of_width_i(ops, e, h, i, glu=None, dtype=torch.float32, device="cpu"):
+    return _chain(ops, e, h, i, glu, dtype, device, gate_up_out=i)
+
+
+def build_without_swiglu(ops, e, h, i, glu=None, dtype=torch.float32, device="cpu"):
+    return _chain(ops, e, h, i, glu, dtype, device, swiglu=False)
+
+
+def build_ignores_interleave(ops, e, h, i, glu=None, dtype=torch.float32, device="cpu"):
+    return _chain(ops, e, h, i, None, dtype, device)
+
+
+def _layer(mlp, hidden, indices, weights, num_experts, align, *, scales="weights",
+           merge_weights=False, splits="same", calls=1):
+    rows, row_weights, perm = routing.permute(hidden, indices, weights, num_experts, align)
+    row_scales = torch.ones_like(row_weights) if scales == "ones" else row_weights
+    for _ in range(calls):
+        if splits == "lists":
+            y = mlp(rows, perm.m_splits.tolist(), row_scales, perm.m_splits.tolist())
+        else:
+            y = mlp(rows, perm.m_splits, row_scales, perm.m_splits)
+    return routing.unpermute(y, perm, weights if merge_weights else None)
+
+
+def layer_weights_twice(mlp, hidden, indices, weights, num_experts, align):
+    return _layer(mlp, hidden, indices, weights, num_experts, align, merge_weights=True)
+
+
+def layer_without_padding(mlp, hidden, indices, weights, num_experts, align):
+    return _layer(mlp, hidden, indices, weights, num_experts, 1)
+
+
+def layer_scales_of_one(mlp, hidden, indices, weights, num_experts, align):
+    return _layer(mlp, hidden, indices, weights, num_experts, align, scales="ones",
+                  merge_weights=True)
+
+
+def layer_two_split_lists(mlp, hidden, indices, weights, num_experts, align):
+    return _layer(mlp, hidden, indices, weights, num_experts, align, splits="lists")
+
+
+def layer_calls_twice(mlp, hidden, indices, weights, num_experts, align):
+    return _layer(mlp, hidden, indices, weights, num_experts, align, calls=2)
+
+
+def recipe_always_mxfp8(caps, preference="fastest"):
+    return "MXFP8BlockScaling", 32
+
+
+def recipe_align_16(caps, preference="fastest"):
+    return checks.reference.choose_recipe(caps, preference)[0], 16
+
+
+def recipe_never_emulated(caps, preference="fastest"):
+    name, align = checks.reference.choose_recipe(caps, preference)
+    return (name, align) if name != "emulated_mxfp8" else ("DelayedScaling", 16)
+
+
+def recipe_current_before_delayed(caps, preference="fastest"):
+    for name, key, align in (("MXFP8BlockScaling", "mxfp8", 32),
+                             ("Float8CurrentScaling", "fp8_current", 16),
+                             ("Float8BlockScaling", "fp8_block", 128)):
+        if caps.is_native(key):
+            return name, align
+    return "emulated_mxfp8", 32
+
+
+def predict_forgets_return(num_experts, tokens, top_k, hidden, intermediate, launch_us, gflops):
+    _ = num_experts * launch_us
+
+
+def predict_negative(num_experts, tokens, top_k, hidden, intermediate, launch_us, gflops):
+    return 1 - num_experts
+
+
+def predict_divides_by_launch(num_experts, tokens, top_k, hidden, intermediate, launch_us, gflops):
+    return (8 * num_experts * launch_us) / (12 * launch_us)
+
+
+WRONG = [
+    ("check_route", route_not_renormalised, "not 1: renormalise the top-k probabilities"),
+    ("check_route", route_softmax_in_bf16, "compute the softmax in float32"),
+    ("check_route", route_bf16_then_float, "do the softmax in float32 (logits.float() first)"),
+    ("check_route", route_naive_exp, "exp() of large logits overflows"),
+    ("check_route", route_smallest, "its least probable ones"),
+    ("check_load_balancing_loss", lb_divides_by_tokens_times_k, "not by T·k"),
+    ("check_load_balancing_loss", lb_without_e, "by the number of experts E = 8"),
+    ("check_load_balancing_loss", lb_mean_over_layers, "the mean of the per-layer losses"),
+    ("check_load_balancing_loss", lb_detached, "carries no gradient back to the router logits"),
+    ("check_load_balancing_loss", lb_differentiable_counts, "right value but the wrong gradient"),
+    ("check_expert_loop", loop_unweighted, "ignores the routing weights"),
+    ("check_expert_loop", loop_gate_up_swapped, "you swapped gate and up"),
+    ("check_expert_loop", loop_overwrites, "add the k expert contributions"),
+    ("check_expert_loop", loop_float32_output, "return hidden's dtype"),
+    ("check_permute", permute_drops_empty_experts,
+     "expert 3 received no tokens and your permutation dropped its split"),
+    ("check_permute", permute_ignores_align, "are the raw token counts: pad each to a multiple"),
+    ("check_permute", permute_rounds_down, "round up, not down"),
+    ("check_permute", permute_inclusive_starts, "(an exclusive cumulative sum)"),
+    ("check_unpermute", unpermute_unweighted, "ignores the routing weights"),
+    ("check_unpermute", unpermute_without_sum, "sum each token's 2 expert outputs"),
+    ("check_unpermute", unpermute_fails_without_weights, "the rows are already weighted"),
+    ("check_unpermute", unpermute_mean, "you averaged the k expert outputs"),
+    ("check_grouped_mlp", grouped_block_starts, "you passed the block starts"),
+    ("check_grouped_mlp", grouped_splits_as_offsets,
+     "are wrong while those of expert 0 are right: torch._grouped_mm's offs are the cumulative"),
+    ("check_grouped_mlp", grouped_without_silu, "without silu"),
+    ("check_grouped_mlp", grouped_int64_offsets, "the offsets must be int32"),
+    ("check_grouped_mlp", grouped_untransposed, "transpose the weights"),
+    ("check_quantize_block", block_floor,
+     "scale is 2^0 but its largest value 480 needs 2^1: 480 / 2^0 = 480 > 448 would saturate - "
+     "round the exponent up (ceil), not down"),
+    ("check_quantize_block", block_ocp_rule, "round the exponent up (ceil), not down"),
+    ("check_quantize_block", block_divides_by_256, "the smallest power of two"),
+    ("check_quantize_block", block_unbiased_byte, "E8M0 stores it biased: E + 127 = 128"),
+    ("check_quantize_block", block_log2_of_zero, "an all-zero block has amax 0"),
+    ("check_quantize_block", block_signed_max, "take block.abs().max()"),
+    ("check_quantize_block", block_multiplies, "was multiplied by the scale: divide by 2^1"),
+    ("check_quantize_block", block_float32_elements, "return them as torch.float8_e4m3fn"),
+    ("check_quantize", quantize_drops_the_tail, "need ceil(100/32) = 4 blocks, your scales have 3"),
+    ("check_quantize", quantize_per_tensor, "gets its own scale from its own amax"),
+    ("check_quantize", quantize_along_columns, "blocks run along the last dim"),
+    ("check_quantize", quantize_floor, "round the exponent up (ceil), not down"),
+    ("check_dequantize", dequantize_unbiased, "the byte is biased"),
+    ("check_dequantize", dequantize_divides, "you divided by the scale"),
+    ("check_dequantize", dequantize_keeps_padding, "cut the repeated scales to the data's N columns"),
+    ("check_build_grouped_mlp", build_with_bias, "pass bias=False"),
+    ("check_build_grouped_mlp", build_gate_up_of_width_i, "2 × intermediate_size = 128"),
+    ("check_build_grouped_mlp", build_without_swiglu, "your chain is [GroupedLinear, GroupedLinear]"),
+    ("check_build_grouped_mlp", build_ignores_interleave, "glu_interleave_size=None, expected 32"),
+    ("check_te_ops_expert_layer", layer_weights_twice, "twice (w²)"),
+    ("check_te_ops_expert_layer", layer_without_padding, "padded to a multiple of 8"),
+    ("check_te_ops_expert_layer", layer_scales_of_one, "ScaledSwiGLU got scales of 1"),
+    ("check_te_ops_expert_layer", layer_two_split_lists, "the same split object"),
+    ("check_te_ops_expert_layer", layer_calls_twice, "you called the op chain 2 times"),
+    ("check_choose_recipe", recipe_always_mxfp8, "H200 (Hopper) cannot run MXFP8BlockScaling"),
+    ("check_choose_recipe", recipe_align_16, "padded to a multiple of 32"),
+    ("check_choose_recipe", recipe_never_emulated, "a CPU cannot run DelayedScaling"),
+    ("check_choose_recipe", recipe_current_before_delayed, "should use DelayedScaling, yours is "
+                                                           "Float8CurrentScaling"),
+    ("check_predict_speedup", predict_forgets_return, "your function returned None"),
+    ("check_predict_speedup", predict_negative, "a finite number > 0"),
+    ("check_predict_speedup", predict_divides_by_launch, "raised ZeroDivisionError"),
+]
+
+
+def test_every_exercise_has_at_least_two_wrong_answers():
+    for _, _, check in EXERCISES:
+        assert sum(w[0] == check for w in WRONG) >= 2, check
+
+
+@pytest.mark.parametrize("check,wrong,diagnosis", WRONG, ids=[w[1].__name__ for w in WRONG])
+def test_a_wrong_answer_gets_its_diagnosis(check, wrong, diagnosis, capsys):
+    ok, out = _run(check, wrong, capsys)
+    assert not ok
+    assert out.startswith(f"✗ {check}")
+    assert diagnosis in out, out
+    assert len(out.strip().splitlines()) == 1, "one line per check"
+
+
+# ---------------------------------------------------------------------------------------------
+# The harness: never raises, pick, summary, torch_ops
+
+def test_a_check_never_raises_into_the_notebook(capsys):
+    def raises(*args):
+        raise RuntimeError("boom\nsecond line")
+
+    def kernel_missing(*args):
+        raise NotImplementedError('"abs_cpu" not implemented for \'Float8_e4m3fn\'')
+
+    def wrong_signature():
+        return None
+
+    assert not checks.check_route(raises)
+    assert "raised RuntimeError: boom" in capsys.readouterr().out
+    assert not checks.check_quantize(kernel_missing)
+    out = capsys.readouterr().out
+    assert "raised NotImplementedError" in out and "not implemented yet" not in out
+    assert not checks.check_permute(wrong_signature)
+    assert "raised TypeError" in capsys.readouterr().out
+    assert not checks.check_expert_loop(42)
+    assert "expected your function, got int" in capsys.readouterr().out
+    assert not checks.check_quantize(lambda x: None)
+    assert "return 2 values" in capsys.readouterr().out
+
+
+def test_a_failing_check_reports_itself_instead_of_raising(capsys, monkeypatch):
+    monkeypatch.setattr(checks, "_verify_route", lambda case, call: 1 / 0)
+    assert not checks.check_route(checks.reference.route)
+    out = capsys.readouterr().out
+    assert "the check itself failed" in out and "ZeroDivisionError" in out
+    assert checks.RESULTS["check_route"] == checks.CHECK_ERROR
+
+
+def test_the_learner_gets_copies_of_the_inputs(capsys):
+    def route_in_place(logits, top_k):
+        out = checks.reference.route(logits, top_k)
+        logits.zero_()  # vandalism the reference must not see
+        return out
+
+    assert checks.check_route(route_in_place), capsys.readouterr().out
+
+
+def test_pick(capsys):
+    def mine(logits, top_k):
+        return checks.reference.route(logits, top_k)
+
+    assert checks.pick(mine, routing.route, True) is mine
+    assert "use your `mine`" in capsys.readouterr().out
+    assert checks.pick(mine, routing.route, False) is routing.route
+    assert "reference (moe_tutorial.routing.route) until your `mine` passes" in capsys.readouterr().out
+    checks.pick(mine, checks.reference.expert_loop, False)
+    assert "(experts.naive_experts" in capsys.readouterr().out
+
+
+def test_summary(capsys, monkeypatch):
+    monkeypatch.setattr(checks, "RESULTS", {})
+    checks.summary()
+    assert "no checks have run yet" in capsys.readouterr().out
+    checks.check_route(checks.reference.route)
+    checks.check_permute(lambda *a: (_ for _ in ()).throw(NotImplementedError("hint")))
+    capsys.readouterr()
+    checks.summary()
+    out = capsys.readouterr().out
+    assert "check_route    passed" in out and "not implemented yet" in out
+    assert "1 of 2 exercises pass" in out
+
+
+def test_torch_ops_match_te_semantics():
+    """checks.torch_ops: TE's constructor defaults (bias=True), parameter names and calling
+    convention; with the same weights it computes experts.ReferenceGroupedMLP's result."""
+    from moe_tutorial import experts
+
+    ops = checks.torch_ops
+    gen = torch.Generator().manual_seed(0)
+    chain = ops.Sequential(ops.GroupedLinear(3, 16, 64), ops.ScaledSwiGLU(glu_interleave_size=16),
+                           ops.GroupedLinear(3, 32, 16, bias=False))
+    names = {n for n, _ in chain.named_parameters()}
+    assert {"0.weight0", "0.bias2", "2.weight2"} <= names and "2.bias0" not in names
+    reference = experts.ReferenceGroupedMLP(3, 16, 32, 16, dtype=torch.float32, device="cpu")
+    with torch.no_grad():
+        for e in range(3):
+            for k in (0, 2):
+                getattr(reference[k], f"weight{e}").copy_(getattr(chain[k], f"weight{e}"))
+            getattr(chain[0], f"bias{e}").normal_(generator=gen)
+    splits = torch.tensor([4, 0, 6])
+    x, scales = torch.randn(10, 16, generator=gen), torch.rand(10, generator=gen)
+    bias = torch.cat([chain[0].bias0.expand(4, -1), chain[0].bias2.expand(6, -1)])
+    torch.testing.assert_close(chain[0](x, splits), reference[0](x, splits) + bias)
+    with torch.no_grad():
+        for e in range(3):
+            getattr(chain[0], f"bias{e}").zero_()
+    torch.testing.assert_close(chain(x, splits, scales, splits),
+                               reference(x, splits, scales, splits))
+    with pytest.raises(ValueError, match="takes 3 extra inputs"):
+        chain(x, splits, scales)

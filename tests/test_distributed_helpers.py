@@ -1,0 +1,104 @@
+"""The cost arithmetic of a (dp, ep) layout (`distributed.parameter_counts`,
+`training_state_per_rank`, `communication_per_step`): checked against real models and against
+the bytes `ExpertParallelExperts` really hands to its collectives (recorded in one process, with
+the collectives replaced by recording fakes: no process group needed)."""
+
+import pytest
+import torch
+
+from moe_tutorial import distributed
+from moe_tutorial.config import preset
+from moe_tutorial.model import MoEForCausalLM
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_parameter_counts_match_the_model(name):
+    config = preset(name)
+    model = MoEForCausalLM(config)
+    expert = sum(p.numel() for n, p in model.named_parameters() if distributed.is_expert_parameter(n))
+    total = sum(p.numel() for p in model.parameters())
+    assert distributed.parameter_counts(config) == {"expert": expert, "dense": total - expert,
+                                                    "total": total}
+
+
+def test_mixtral_8x7b_has_its_published_size():
+    counts = distributed.parameter_counts(preset("mixtral-8x7b"))
+    assert counts["total"] == 46_702_792_704  # Mixtral 8x7B's 46.7 B parameters
+    assert counts["expert"] / counts["total"] > 0.96
+
+
+def test_training_state_shards_the_experts_over_ep_only():
+    config = preset("mixtral-8x7b")
+    counts = distributed.parameter_counts(config)
+    dp8 = distributed.training_state_per_rank(config, dp=8, ep=1)
+    ep8 = distributed.training_state_per_rank(config, dp=1, ep=8)
+    assert dp8["params"] == counts["total"]
+    assert ep8["params"] == counts["expert"] // 8 + counts["dense"]
+    assert dp8["bytes_per_param"] == 8 and dp8["state_bytes"] == 8 * counts["total"]  # bf16
+    assert distributed.training_state_per_rank(preset("tiny"), 1, 2)["bytes_per_param"] == 16  # fp32
+    assert distributed.training_state_per_rank(config, 1, 8, bytes_per_param=16)["state_bytes"] == (
+        16 * ep8["params"])
+    with pytest.raises(ValueError, match="not divisible by ep=3"):
+        distributed.training_state_per_rank(config, 1, 3)
+
+
+def test_allreduce_volumes_per_layout():
+    config = preset("mixtral-2l")
+    counts = distributed.parameter_counts(config)
+    single = distributed.communication_per_step(config, 8192, 1, 1)
+    assert all(v == 0 for v in single.values())
+    dp2 = distributed.communication_per_step(config, 8192, 2, 1)
+    assert dp2["all_to_all_bytes"] == 0
+    assert dp2["allreduce_bytes"] == 2 * counts["total"]  # bf16 gradients: the README's 6.3 GB
+    assert round(dp2["allreduce_bytes"] / 1e9, 1) == 6.3
+    assert dp2["allreduce_sent_bytes"] == dp2["allreduce_bytes"]  # ring over 2: 2 (n-1)/n = 1
+    ep2 = distributed.communication_per_step(config, 8192, 1, 2)
+    assert ep2["allreduce_bytes"] == ep2["dense_allreduce_bytes"] == 2 * counts["dense"]
+    assert ep2["expert_allreduce_bytes"] == 0
+    assert ep2["all_to_all_remote_bytes"] == ep2["all_to_all_bytes"] / 2
+    dp2ep2 = distributed.communication_per_step(config, 8192, 2, 2)
+    assert dp2ep2["expert_allreduce_bytes"] == 2 * counts["expert"] // 2
+    assert dp2ep2["allreduce_sent_bytes"] == pytest.approx(
+        1.5 * dp2ep2["dense_allreduce_bytes"] + dp2ep2["expert_allreduce_bytes"])
+
+
+class _Record(torch.autograd.Function):
+    """Identity that counts the bytes passing through it, forward and backward."""
+
+    @staticmethod
+    def forward(ctx, x, log):
+        ctx.log = log
+        log.append(x.numel() * x.element_size())
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.log.append(grad.numel() * grad.element_size())
+        return grad, None
+
+
+def test_all_to_all_volume_is_what_the_layer_exchanges(monkeypatch):
+    """Rank 0 of an ep=2 layout, with every exchange replaced by a recording identity (as if
+    the peer sent back exactly what it received): the bytes through the collectives in one
+    forward + backward pass equal `communication_per_step`'s all-to-all volume."""
+    log = []
+
+    def counts_exchange(output, input, group=None):
+        log.append(input.numel() * input.element_size())
+        output.copy_(input)
+
+    monkeypatch.setattr(distributed.dist, "all_to_all_single", counts_exchange)
+    monkeypatch.setattr(distributed, "all_to_all_single_autograd",
+                        lambda x, out_splits, in_splits, group: _Record.apply(x, log))
+    config = preset("tiny")
+    torch.manual_seed(0)
+    model = MoEForCausalLM(config)
+    layout = distributed.Layout(dp=1, ep=2, dp_rank=0, ep_rank=0, dp_group=None, ep_group=None)
+    distributed.shard_experts(model, layout)
+    batch, seq = 3, 16
+    ids = torch.randint(0, config.vocab_size, (batch, seq))
+    model(ids, ids).loss.backward()
+    expected = distributed.communication_per_step(config, batch * seq, 1, 2)["all_to_all_bytes"]
+    assert sum(log) == expected
+    # per layer: counts, rows and weights out, outputs back (forward); three gradients (backward)
+    assert len(log) == 7 * config.num_layers

@@ -47,29 +47,43 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, iters: int = 20,
     anything else → wall-clock time (`fn` must then finish its work before returning, as CPU
     code does).
     """
+    return time_fns({"fn": fn}, warmup=warmup, iters=iters, device=device)["fn"]
+
+
+def time_fns(fns: dict[str, Callable[[], object]], *, warmup: int = 3, iters: int = 20,
+             device: torch.device | str | None = None) -> dict[str, Timing]:
+    """`time_fn` for several variants at once, interleaved: every round times each variant
+    once, so a slow spell of the machine (another process, a notebook frontend drawing a
+    figure on the same cores, GPU clocks settling) lands on all of them alike instead of
+    on whichever ran first. Returns {name: Timing}."""
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
     for _ in range(warmup):
-        fn()
+        for fn in fns.values():
+            fn()
     on_cuda = device is not None and torch.device(device).type == "cuda"
-    times = []
+    times: dict[str, list[float]] = {name: [] for name in fns}
     if on_cuda:
         _synchronize(device)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(iters)]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
+        events = {name: [] for name in fns}
+        for _ in range(iters):
+            for name, fn in fns.items():
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                events[name].append((start, end))
         _synchronize(device)
-        times = [start.elapsed_time(end) for start, end in events]
+        times = {name: [start.elapsed_time(end) for start, end in pairs]
+                 for name, pairs in events.items()}
     else:
         for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return Timing(statistics.median(times), min(times), max(times), iters,
-                  "cuda events" if on_cuda else "perf_counter")
+            for name, fn in fns.items():
+                t0 = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: Timing(statistics.median(t), min(t), max(t), iters,
+                         "cuda events" if on_cuda else "perf_counter") for name, t in times.items()}
 
 
 def expert_mlp_flops(tokens: int, top_k: int, hidden: int, intermediate: int,

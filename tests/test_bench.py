@@ -1,6 +1,7 @@
 """The benchmark harness, at CPU size (the numbers themselves come from GPU runs)."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -17,6 +18,27 @@ def test_time_fn_reports_the_median():
     assert t.min_ms <= t.median_ms <= t.max_ms
     with pytest.raises(ValueError, match="iters"):
         bench.time_fn(lambda: None, iters=0)
+
+
+def test_time_fns_interleaves_the_variants():
+    order = []
+    timings = bench.time_fns({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+                             warmup=1, iters=3)
+    assert order == ["a", "b"] * 4  # one warm-up round, then three timed rounds, a and b alternating
+    assert set(timings) == {"a", "b"} and all(t.iters == 3 for t in timings.values())
+
+
+def test_time_fns_spreads_a_slow_spell_over_all_variants():
+    # The machine is slow for the first three calls: timed one after the other, variant "first"
+    # would absorb all of it; interleaved, each variant gets at most two slow calls of three.
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(0.02 if len(calls) <= 3 else 0.0)
+
+    timings = bench.time_fns({"first": work, "second": work}, warmup=0, iters=5)
+    assert timings["first"].median_ms < 10 and timings["second"].median_ms < 10
 
 
 def test_flop_counts():

@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from moe_tutorial.config import preset
-from moe_tutorial.model import IGNORE_INDEX, MoEForCausalLM
+from moe_tutorial.model import IGNORE_INDEX, MoEForCausalLM, RMSNorm, cross_entropy
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -100,3 +101,32 @@ def test_bf16_model_runs_and_is_close_to_fp32():
     assert abs(loss.item() - loss16.item()) < 0.05
     loss16.backward()
     assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model16.parameters())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cross_entropy_matches_torch_in_value_and_gradient(dtype):
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(300, 50, generator=gen) * 4).to(dtype)
+    targets = torch.randint(0, 50, (300,), generator=gen)
+    targets[::7] = IGNORE_INDEX
+    mine, ref = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    want = F.cross_entropy(ref.float(), targets, ignore_index=IGNORE_INDEX)
+    got = cross_entropy(mine, targets, chunk=64)  # 64 does not divide 300: a ragged last chunk
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    assert torch.equal(mine.detach(), logits)  # the logits (the model's output) are left untouched
+    (2.0 * want).backward()
+    (2.0 * got).backward()
+    assert mine.grad.dtype == dtype
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=1e-7 if dtype == torch.float32 else 0)
+    assert mine.grad[::7].abs().max() == 0  # ignored targets get no gradient
+    with torch.no_grad():  # evaluation takes torch's path: no gradient computed for nothing
+        torch.testing.assert_close(cross_entropy(logits, targets), want.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_rms_norm_is_hf_mixtrals_arithmetic():
+    x = torch.randn(6, 32, dtype=torch.bfloat16)
+    norm = RMSNorm(32, 1e-5, dtype=torch.bfloat16)
+    norm.weight.data.uniform_(0.5, 1.5)
+    x32 = x.float()  # HF's MixtralRMSNorm, written out
+    hf = norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+    torch.testing.assert_close(norm(x), hf, rtol=0, atol=0)

@@ -131,6 +131,24 @@ PRESETS: dict[str, MoEConfig] = {
                             num_layers=2, num_heads=32, num_kv_heads=8, num_experts=8, top_k=2,
                             max_seq_len=4096, rope_theta=1e6, norm_eps=1e-5,
                             aux_loss_coef=0.02, dtype="bfloat16"),
+    # Mixtral-8x7B's width with 7 layers: the deepest that trains on 8 H200s in every (dp, ep)
+    # layout and precision, dp8 × ep1 in FP8 included, where every GPU holds all experts. Per
+    # layer 1.451 B parameters (experts 8 × 3 × 4096 × 14336 = 1.409 B, attention 0.042 B),
+    # plus 0.262 B of embeddings and lm_head: 10.42 B. Per GPU at dp8 × ep1
+    # (matrix.predicted_state_gib):
+    #   weights + gradients + AdamW's 2 moments, bf16 (distributed.training_state_per_rank)  8 B/param
+    #   + the flat gradient copy that average_gradients all-reduces                         2 B/param
+    #   + in FP8, TE's quantized copies of the expert weights: 1 B per expert parameter
+    #     (measured on one H200, mixtral-2l: te_ops FP8 28.3 GiB vs bf16 25.9 GiB, 0.9 B each)
+    #   = 97.1 GiB in bf16, 106.2 GiB in FP8, within 85% of the H200's 140 GiB (119 GiB); the
+    #   rest is for activations (~2.5 GiB a layer at 2 × 4096 tokens), the CUDA/NCCL context and
+    #   fragmentation. 8 layers: 110.6 GiB in bf16 (measured on 2 × H200, dp2 × ep1: 110.8) and
+    #   121 GiB in FP8 — that run did not finish a step within 300 s. At dp1 × ep8 a GPU holds
+    #   1.5 B parameters.
+    "mixtral-7l": MoEConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                            num_layers=7, num_heads=32, num_kv_heads=8, num_experts=8, top_k=2,
+                            max_seq_len=4096, rope_theta=1e6, norm_eps=1e-5,
+                            aux_loss_coef=0.02, dtype="bfloat16"),
     # The real thing (47B parameters; for FLOP and memory arithmetic, not for one GPU).
     "mixtral-8x7b": MoEConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                               num_layers=32, num_heads=32, num_kv_heads=8, num_experts=8,

@@ -8,7 +8,9 @@ to the rank that owns its expert and back:
     local experts (any backend: grouped bf16, FP8, te.ops) → all-to-all back → merge the k outputs
 
 Each rank first tells every other rank how many rows it will send to each of its experts (a small
-all-to-all of counts), so the big exchange knows its split sizes. Both exchanges use
+all-to-all of counts, `exchange_counts`), so the big exchange knows its split sizes. The steps'
+arithmetic is in small functions of their own (`dispatch_order`, `rows_per_rank`,
+`exchange_counts`, `received_experts`: exercise 06 has you write them). Both exchanges use
 `all_to_all_single_autograd` (torch.distributed's functional collectives), which is
 differentiable: the backward pass sends the gradients back along the same routes.
 
@@ -34,7 +36,7 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch import nn
 
 from .experts import ExpertMLP, convert_experts
-from .routing import permute, unpermute
+from .routing import permute, sort_by_expert, unpermute
 
 # NVLink multicast stays off in every process of this course (it can take a shared host's GPUs
 # out of service); set before any process group exists.
@@ -86,6 +88,45 @@ def init_layout(dp: int, ep: int, num_experts: int) -> Layout:
                   mesh.get_group("dp"), mesh.get_group("ep"))
 
 
+def rows_per_rank(tokens_per_expert: torch.Tensor, ep: int) -> torch.Tensor:
+    """[ep]: how many of this rank's token copies go to each rank of its ep group. Experts are
+    sharded contiguously (rank r holds experts r·E/ep … (r+1)·E/ep − 1), so these are the sums
+    of `tokens_per_expert` [E] over every rank's block of experts."""
+    return tokens_per_expert.view(ep, -1).sum(1)
+
+
+def dispatch_order(indices: torch.Tensor, num_experts: int,
+                   ep: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step 1 of the EP layer: sort this rank's T·k token copies by destination.
+
+    Sorting by expert sorts by rank too, experts being sharded contiguously, so rank r's rows
+    are one block, already grouped by expert. Returns (order [T·k]: the copy numbers t·k + j in
+    sorted order, stable; tokens_per_expert [E], zeros included: what the count exchange sends;
+    rows_per_rank [ep]: the exchange's send splits). `routing.permute`, which the layer runs,
+    sorts in this order."""
+    order, tokens_per_expert = sort_by_expert(indices, num_experts)
+    return order, tokens_per_expert, rows_per_rank(tokens_per_expert, ep)
+
+
+def exchange_counts(tokens_per_expert: torch.Tensor, group=None) -> torch.Tensor:
+    """Step 2: every rank of `group` tells every other how many rows it sends to each of its
+    experts. One all-to-all of the int64 counts [E]: block j (experts j·E/ep …) goes to rank j,
+    so rank r receives block r of every rank's counts. Returns recv_counts [ep, E/ep]: row s =
+    the rows rank s sends to each of this rank's local experts."""
+    recv_counts = torch.empty_like(tokens_per_expert)
+    dist.all_to_all_single(recv_counts, tokens_per_expert, group=group)
+    return recv_counts.view(dist.get_world_size(group), -1)
+
+
+def received_experts(recv_counts: torch.Tensor) -> torch.Tensor:
+    """Step 4's routing: the local expert of every received row, in arrival order [R] int64.
+    Rows arrive grouped by source rank (rank 0's first), each source's rows grouped by local
+    expert: `recv_counts` [ep, E/ep] read row by row gives the lengths of those runs."""
+    ep, per_rank = recv_counts.shape
+    experts = torch.arange(per_rank, device=recv_counts.device).repeat(ep)
+    return torch.repeat_interleave(experts, recv_counts.flatten())
+
+
 class ExpertParallelExperts(nn.Module):
     """The experts of one MoE layer, sharded over an `ep` group: this rank runs `local` (an
     experts module of any backend holding experts [first, first + E/ep)) on the token copies that
@@ -132,22 +173,20 @@ class ExpertParallelExperts(nn.Module):
                 weights: torch.Tensor) -> torch.Tensor:
         ep, group = self.layout.ep, self.layout.ep_group
         per_rank = self.num_experts // ep
-        # 1. sort this rank's token copies by (global) expert: blocks for rank 0, 1, ...
+        # 1. sort this rank's token copies by (global) expert, in dispatch_order's order: blocks
+        #    for rank 0, 1, ...
         rows, row_weights, perm = permute(hidden, indices, weights, self.num_experts)
-        send_counts = perm.tokens_per_expert  # [E]: rows for every expert, in rank order
-        # 2. counts first: recv_counts[src, e] = rows rank `src` sends to my local expert e
-        recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=group)
-        recv_counts = recv_counts.view(ep, per_rank)
-        send_splits = send_counts.view(ep, per_rank).sum(1).tolist()  # host sizes for the exchange
+        # 2. counts first: recv_counts[src, e] = rows rank `src` sends to my local expert e;
+        #    then the exchange's split sizes, on the host
+        recv_counts = exchange_counts(perm.tokens_per_expert, group)
+        send_splits = rows_per_rank(perm.tokens_per_expert, ep).tolist()
         recv_splits = recv_counts.sum(1).tolist()
         # 3. the token copies and their routing weights travel (differentiably)
         recv_rows = all_to_all_single_autograd(rows, recv_splits, send_splits, group)
         recv_weights = all_to_all_single_autograd(row_weights, recv_splits, send_splits, group)
         # 4. local experts: every received row is a "token" routed to one local expert, weighted
         #    by its routing weight; the backend groups them by expert itself
-        local_expert = torch.repeat_interleave(
-            torch.arange(per_rank, device=recv_counts.device).repeat(ep), recv_counts.flatten())
+        local_expert = received_experts(recv_counts)
         out = self.local(recv_rows, local_expert.unsqueeze(1), recv_weights.unsqueeze(1))
         # 5. back along the same routes, then each token sums its k (already weighted) outputs
         back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
@@ -234,13 +273,18 @@ def training_state_per_rank(config, dp: int, ep: int, *,
     """Parameters one rank of a (dp, ep) layout holds, and the bytes of its training state:
     weights + gradients + AdamW's two moments, all in the parameters' dtype as torch's AdamW
     keeps them (4 × 2 bytes in bf16; `bytes_per_param` overrides, e.g. 16 for fp32 master
-    weights and moments with bf16 copies). Activations and communication buffers come on top."""
+    weights and moments with bf16 copies). `allreduce_buffer_bytes`: the flat copy of all
+    gradients `average_gradients` makes after the backward pass, when the state is complete.
+    Where every rank holds all experts, state + buffer is the step's peak (`mixtral-2l`, one
+    H200: 29.5 GiB predicted, 29.7 measured); with experts sharded the forward's activations can
+    peak higher. Activations and communication buffers come on top of the state."""
     check_layout(dp * ep, dp, ep, config.num_experts)
     counts = parameter_counts(config)
     per_param = bytes_per_param or 4 * config.torch_dtype.itemsize
     expert, dense = counts["expert"] // ep, counts["dense"]
     return {"expert_params": expert, "dense_params": dense, "params": expert + dense,
-            "bytes_per_param": per_param, "state_bytes": (expert + dense) * per_param}
+            "bytes_per_param": per_param, "state_bytes": (expert + dense) * per_param,
+            "allreduce_buffer_bytes": (expert + dense) * config.torch_dtype.itemsize}
 
 
 def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,

@@ -95,6 +95,22 @@ class Permutation:
         return self.num_rows != self.token_index.numel()
 
 
+def sort_by_expert(indices: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The order that sorts the T x k token copies by expert, and the copies per expert.
+
+    Copy `t * k + j` is token t's j-th choice, so `indices.reshape(-1)[order]` is sorted; the sort
+    is stable (tokens stay in order within an expert). Returns (order [T*k] int64,
+    tokens_per_expert [E] int64, one entry per expert, zeros included).
+    """
+    flat_experts = indices.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    tokens_per_expert = torch.bincount(flat_experts, minlength=num_experts)
+    if tokens_per_expert.numel() != num_experts:
+        raise ValueError(f"indices name expert {int(flat_experts.max())}, "
+                         f"but there are only {num_experts} experts")
+    return order, tokens_per_expert
+
+
 def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor | None,
             num_experts: int, align: int = 1):
     """Sort token copies by expert, padding each expert's block of rows to a multiple of `align`.
@@ -108,15 +124,10 @@ def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
     num_tokens, top_k = indices.shape
     if hidden.shape[0] != num_tokens:
         raise ValueError(f"hidden has {hidden.shape[0]} rows but indices has {num_tokens}")
-    flat_experts = indices.reshape(-1)
-    sort_order = torch.argsort(flat_experts, stable=True)
-    sorted_experts = flat_experts[sort_order]
+    sort_order, tokens_per_expert = sort_by_expert(indices, num_experts)
+    sorted_experts = indices.reshape(-1)[sort_order]
     token_index = sort_order // top_k
 
-    tokens_per_expert = torch.bincount(flat_experts, minlength=num_experts)
-    if tokens_per_expert.numel() != num_experts:
-        raise ValueError(f"indices name expert {int(flat_experts.max())}, "
-                         f"but there are only {num_experts} experts")
     m_splits = (tokens_per_expert + align - 1) // align * align
     real_starts = torch.cumsum(tokens_per_expert, 0) - tokens_per_expert
     padded_starts = torch.cumsum(m_splits, 0) - m_splits

@@ -4,12 +4,16 @@
     torchrun --nproc_per_node=2 -m moe_tutorial.train_dist --mode train --dp 1 --ep 2 --steps 50
     torchrun --nproc_per_node=2 -m moe_tutorial.train_dist --mode bench --preset mixtral-2l \\
         --dp 1 --ep 2 --backend te_ops --precision fp8 --out ep2.json
+    torchrun --nproc_per_node=2 -m moe_tutorial.train_dist --mode bench --preset mixtral-2l \\
+        --model hf --dp 2 --ep 1
 
 NCCL on GPUs (one process per GPU), gloo on CPUs. `check` proves the layout computes what one
 process computes: every rank also runs the full model on the global batch and compares its
 logits and its (averaged) gradients. `bench` reports tokens/s per GPU, the recipe's PFLOP/s per
 GPU (6 × active parameters × tokens/s/GPU), peak memory, and the all-to-all's share of the step
-(from torch.profiler). `launch()` runs any of these as a subprocess for a notebook.
+(from torch.profiler); `--model hf` benches the HF baseline (transformers' MixtralForCausalLM,
+grouped_mm experts, bf16) the same way, data parallel only. `launch()` runs any of these as a
+subprocess for a notebook; `moe_tutorial.matrix` runs every layout of a machine.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import copy
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -116,11 +122,12 @@ def check(args, device) -> dict:
             "path": model.model.layers[0].mlp.experts.last_path}
 
 
-def _step_fn(model, layout, optimizer, ids):
-    targets = _targets(ids)
+def _step_fn(loss, model, layout, optimizer):
+    """One training step: `loss()` (this rank's batch), backward, gradients averaged over the
+    world (`average_gradients`), optimizer step."""
 
     def step():
-        model(ids, targets).loss.backward()
+        loss().backward()
         distributed.average_gradients(model, layout)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -128,26 +135,62 @@ def _step_fn(model, layout, optimizer, ids):
     return step
 
 
+MODELS = ("ours", "hf")
+# What `--model hf` runs, as results name it (bench.py's name for the same baseline).
+HF_BASELINE = "hf_grouped_mm"
+HF_PATH = "HF transformers MixtralForCausalLM, experts_implementation='grouped_mm', sdpa attention"
+
+
+def check_hf_args(args) -> None:
+    """The HF baseline is transformers' model as HF users train it: no expert parallelism (every
+    rank holds all experts, so ep must be 1) and no FP8."""
+    if args.ep != 1:
+        raise ValueError(f"--model hf has no expert parallelism (transformers' MixtralForCausalLM "
+                         f"keeps every expert on every rank): pass --ep 1 --dp <world size>, "
+                         f"not --dp {args.dp} --ep {args.ep}")
+    if args.precision != "bf16":
+        raise ValueError(f"--model hf trains in bf16 only, not --precision {args.precision}: "
+                         f"FP8 is what our model adds (use --model ours)")
+
+
+def _bench_model(args, config, layout, ids):
+    """(module, loss() of `ids`) of the benchmarked model. Both models start from the same
+    seeded weights: HF's is a copy of ours (`hf_mixtral`), so shapes and values match."""
+    torch.manual_seed(0)
+    model = MoEForCausalLM(config, device=ids.device)
+    if args.model == "hf":
+        from .hf_baseline import hf_mixtral, hf_training_loss
+
+        hf = hf_mixtral(model, "grouped_mm")
+        del model  # only HF's copy of the weights stays on the device
+        return hf, lambda: hf_training_loss(hf, ids)  # HF shifts the labels as _targets does
+    model.set_expert_backend(args.backend)
+    model.set_precision(args.precision)
+    distributed.shard_experts(model, layout)
+    targets = _targets(ids)
+    return model, lambda: model(ids, targets).loss
+
+
 def bench(args, device) -> dict:
-    """Training-step throughput of one (dp, ep) layout, per GPU, with the all-to-all share."""
+    """Training-step throughput of one (dp, ep) layout, per GPU, with the all-to-all share.
+    `--model hf`: the HF baseline instead of ours, data parallel only (same optimizer, same
+    gradient averaging, same batches)."""
     from torch.profiler import ProfilerActivity, profile
 
     from .train import TrainSettings, make_optimizer
 
+    if args.model == "hf":
+        check_hf_args(args)
     world = dist.get_world_size()
     config = preset(args.preset)
     if device.type == "cpu":
         config = config.with_overrides(dtype="float32")
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
-    torch.manual_seed(0)
-    model = MoEForCausalLM(config, device=device)
-    model.set_expert_backend(args.backend)
-    model.set_precision(args.precision)
-    distributed.shard_experts(model, layout)
-    optimizer = make_optimizer(model, TrainSettings(lr=1e-5, steps=2, warmup_steps=0))
     ids = _global_batch(config, world, args.batch, args.seq_len, device)
     rank = dist.get_rank()
-    step = _step_fn(model, layout, optimizer, ids[rank * args.batch:(rank + 1) * args.batch])
+    model, loss = _bench_model(args, config, layout, ids[rank * args.batch:(rank + 1) * args.batch])
+    optimizer = make_optimizer(model, TrainSettings(lr=1e-5, steps=2, warmup_steps=0))
+    step = _step_fn(loss, model, layout, optimizer)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timing = time_fn(step, warmup=args.warmup, iters=args.iters, device=device)
@@ -165,14 +208,15 @@ def bench(args, device) -> dict:
                    for kind in ("sendrecv", "alltoall", "allreduce")}
     result = {"rank": rank, "dp": args.dp, "ep": args.ep, "world": world,
               "environment": environment() if rank == 0 else None, "preset": args.preset,
-              "backend": args.backend, "precision": args.precision,
+              "model": args.model, "backend": HF_BASELINE if args.model == "hf" else args.backend,
+              "precision": args.precision, "dtype": config.dtype,
               "batch_per_gpu": args.batch, "seq_len": args.seq_len,
               "median_ms": timing.median_ms, "tokens_per_s_per_gpu": tokens_per_s,
               "pflops_per_gpu": 6 * config.active_params_per_token() * tokens_per_s / 1e15,
               "peak_memory_gb": (torch.cuda.max_memory_allocated(device) / 2**30
                                  if device.type == "cuda" else None),
               "nccl_kernel_ms_per_step": comm_ms,
-              "path": model.model.layers[0].mlp.experts.last_path}
+              "path": HF_PATH if args.model == "hf" else model.expert_paths()[0]}
     return result
 
 
@@ -225,6 +269,9 @@ def main(argv=None) -> int:
     parser.add_argument("--mode", choices=sorted(MODES), default="check")
     parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--ep", type=int, default=None, help="default: the world size")
+    parser.add_argument("--model", choices=MODELS, default="ours",
+                        help="bench mode: ours, or hf (transformers' MixtralForCausalLM with "
+                             "grouped_mm experts, bf16, --ep 1)")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--backend", default="grouped_torch")
     parser.add_argument("--precision", default="bf16")
@@ -239,6 +286,8 @@ def main(argv=None) -> int:
                         help="check mode: route no token to this EP rank's experts")
     parser.add_argument("--out", default=None, help="rank 0 writes all ranks' results here")
     args = parser.parse_args(argv)
+    if args.model != "ours" and args.mode != "bench":
+        parser.error(f"--model {args.model} is for --mode bench only")
     device = _setup()
     try:
         if args.ep is None:
@@ -257,27 +306,55 @@ def main(argv=None) -> int:
     return 0
 
 
+def torchrun_command(nproc: int, *args: str) -> list[str]:
+    """The command `launch` runs: torchrun (as this Python's module) with `nproc` processes."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}", "-m", "moe_tutorial.train_dist", *args]
+
+
 def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = True) -> dict:
     """Run `torchrun --nproc_per_node=nproc -m moe_tutorial.train_dist *args` as a subprocess
-    (what a notebook calls), streaming its output; returns rank 0's gathered results."""
+    (what a notebook calls), streaming its output; returns rank 0's gathered results. After
+    `timeout` seconds torchrun is stopped (it stops its ranks): a rank stuck in a collective
+    whose peer died must not hang the caller."""
     env = {**os.environ, **distributed.SAFE_NCCL_ENV}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "moe_tutorial.train_dist", *args]
+    cmd = torchrun_command(nproc, *args)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
+    timed_out = threading.Event()
+
+    def stop():
+        timed_out.set()
+        proc.terminate()
+
+    watchdog = threading.Timer(timeout, stop) if timeout else None
+    if watchdog:
+        watchdog.start()
     result, lines = None, []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-        elif echo:
-            print(line, end="")
-    proc.wait(timeout=timeout)
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+            elif echo:
+                print(line, end="")
+        proc.wait()
+    finally:
+        if watchdog:
+            watchdog.cancel()
+        if proc.poll() is None:  # interrupted while reading (Ctrl-C): stop the ranks too
+            proc.terminate()
+            proc.wait()
+    if timed_out.is_set():
+        raise RuntimeError(f"{shlex.join(cmd)} timed out after {timeout:g} s and was stopped:\n"
+                           + "".join(lines[-30:]))
     if proc.returncode != 0 or result is None:
         # The ranks' own exception lines say what went wrong; torchrun's summary does not.
-        errors = [line for line in lines if re.match(r"\[rank\d+\]: \w*(Error|Exception)\b", line)]
+        # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.)
+        errors = [line for line in lines
+                  if re.match(r"\[rank\d+\]: [\w.]*(Error|Exception)\b", line)]
         detail = "".join(errors[:2]) or "".join(lines[-30:])
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{detail}")
+        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{detail}")
     return result
 
 

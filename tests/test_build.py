@@ -174,4 +174,4 @@ def test_the_committed_exercises_are_up_to_date():
     result = subprocess.run([sys.executable, "-m", "moe_tutorial", "build", "--check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "exercises up to date (5 notebooks)" in result.stdout
+    assert "exercises up to date (6 notebooks)" in result.stdout

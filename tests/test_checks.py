@@ -6,11 +6,13 @@ The solution and the stub of every exercise are taken from the notebooks themsel
 """
 
 import json
+import linecache
 import math
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from moe_tutorial import checks, routing
@@ -32,6 +34,9 @@ EXERCISES = [
     ("04", "te_ops_expert_layer", "check_te_ops_expert_layer"),
     ("05", "choose_recipe", "check_choose_recipe"),
     ("05", "predict_speedup", "check_predict_speedup"),
+    ("06", "dispatch_order", "check_dispatch_order"),
+    ("06", "exchange_counts", "check_exchange_counts"),
+    ("06", "received_experts", "check_received_experts"),
 ]
 
 
@@ -46,14 +51,18 @@ def _code_cells(path: Path) -> list[dict]:
 
 def notebook_functions(folder: str, number: str) -> dict:
     """The namespace after running a notebook's parameters and setup cells and every cell that
-    defines a function (the exercises), as a learner's kernel would have it."""
+    defines a function (the exercises), as a learner's kernel would have it: like IPython, it
+    keeps every cell's source in linecache, so that `inspect.getsource` finds the functions
+    (exercise 06's check sends them to other processes by their source)."""
     cells = _code_cells(_notebook(folder, number))
     first = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
     namespace: dict = {}
     for i, cell in enumerate(cells):
         source = "".join(cell["source"])
         if i in (first, first + 1) or source.startswith("def "):
-            exec(compile(source, f"{folder}/{number} cell {i}", "exec"), namespace)
+            filename = f"{folder}/{number} cell {i}"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            exec(compile(source, filename, "exec"), namespace)
     return namespace
 
 
@@ -490,6 +499,99 @@ def predict_divides_by_launch(num_experts, tokens, top_k, hidden, intermediate, 
     return (8 * num_experts * launch_us) / (12 * launch_us)
 
 
+def dispatch_sorted_by_rank(indices, num_experts, ep):
+    flat = indices.reshape(-1)
+    counts = torch.bincount(flat, minlength=num_experts)
+    order = torch.argsort(flat // (num_experts // ep), stable=True)
+    return order, counts, counts.view(ep, -1).sum(1)
+
+
+def dispatch_unstable(indices, num_experts, ep):
+    """Copies grouped by expert, but in reverse token order within an expert."""
+    order, counts, sends = checks.reference.dispatch_order(indices, num_experts, ep)
+    return torch.argsort(indices.reshape(-1), descending=True, stable=True).flip(0), counts, sends
+
+
+def dispatch_drops_empty_experts(indices, num_experts, ep):
+    order, _, sends = checks.reference.dispatch_order(indices, num_experts, ep)
+    return order, torch.bincount(indices.reshape(-1)), sends
+
+
+def dispatch_round_robin_ranks(indices, num_experts, ep):
+    order, counts, _ = checks.reference.dispatch_order(indices, num_experts, ep)
+    return order, counts, counts.view(-1, ep).sum(0)
+
+
+def dispatch_rank_is_expert_over_ep(indices, num_experts, ep):
+    order, counts, _ = checks.reference.dispatch_order(indices, num_experts, ep)
+    return order, counts, torch.bincount(indices.reshape(-1) // ep, minlength=ep)
+
+
+def dispatch_inverse_order(indices, num_experts, ep):
+    order, counts, sends = checks.reference.dispatch_order(indices, num_experts, ep)
+    return torch.argsort(order), counts, sends
+
+
+def dispatch_token_numbers(indices, num_experts, ep):
+    order, counts, sends = checks.reference.dispatch_order(indices, num_experts, ep)
+    return order // indices.shape[1], counts, sends
+
+
+# The count exchange's wrong answers run in other processes, which import them from this module
+# by name (ranks.run gives them this process's sys.path); a notebook's travel as their source.
+
+def _received(tokens_per_expert, group):
+    received = torch.empty_like(tokens_per_expert)
+    dist.all_to_all_single(received, tokens_per_expert, group=group)
+    return received
+
+
+def exchange_transposed(tokens_per_expert, group):
+    return _received(tokens_per_expert, group).view(dist.get_world_size(group), -1).T
+
+
+def exchange_all_reduce(tokens_per_expert, group):
+    total = tokens_per_expert.clone()
+    dist.all_reduce(total, group=group)
+    return total.view(dist.get_world_size(group), -1)
+
+
+def exchange_all_gather(tokens_per_expert, group):
+    ep = dist.get_world_size(group)
+    everyone = tokens_per_expert.new_empty(ep * tokens_per_expert.numel())
+    dist.all_gather_into_tensor(everyone, tokens_per_expert, group=group)
+    return everyone.view(ep, -1)
+
+
+def exchange_all_gather_then_slice(tokens_per_expert, group):
+    """The right counts, by moving ep times more than needed."""
+    ep = dist.get_world_size(group)
+    return exchange_all_gather(tokens_per_expert, group).view(ep, ep, -1)[:, dist.get_rank(group)]
+
+
+def exchange_own_counts(tokens_per_expert, group):
+    return tokens_per_expert.view(dist.get_world_size(group), -1)
+
+
+def exchange_without_group(tokens_per_expert, group):
+    received = torch.empty_like(tokens_per_expert)
+    dist.all_to_all_single(received, tokens_per_expert)  # the whole world, not the ep group
+    return received.view(dist.get_world_size(group), -1)
+
+
+def received_grouped_by_expert(recv_counts):
+    return torch.repeat_interleave(torch.arange(recv_counts.shape[1]), recv_counts.sum(0))
+
+
+def received_source_ranks(recv_counts):
+    return torch.repeat_interleave(torch.arange(recv_counts.shape[0]), recv_counts.sum(1))
+
+
+def received_transposed_counts(recv_counts):
+    ep, per_rank = recv_counts.shape
+    return torch.repeat_interleave(torch.arange(per_rank).repeat(ep), recv_counts.T.flatten())
+
+
 WRONG = [
     ("check_route", route_not_renormalised, "not 1: renormalise the top-k probabilities"),
     ("check_route", route_softmax_in_bf16, "compute the softmax in float32"),
@@ -554,6 +656,34 @@ WRONG = [
     ("check_predict_speedup", predict_forgets_return, "your function returned None"),
     ("check_predict_speedup", predict_negative, "a finite number > 0"),
     ("check_predict_speedup", predict_divides_by_launch, "raised ZeroDivisionError"),
+    ("check_dispatch_order", dispatch_sorted_by_rank,
+     "sorts the copies by destination rank but not by expert within a rank"),
+    ("check_dispatch_order", dispatch_unstable, "not in token order within an expert"),
+    ("check_dispatch_order", dispatch_drops_empty_experts,
+     "expert 7 receives no tokens and your tokens_per_expert has 4 entries: one per expert, "
+     "zeros included"),
+    ("check_dispatch_order", dispatch_round_robin_ranks, "adds up every ep-th expert"),
+    ("check_dispatch_order", dispatch_rank_is_expert_over_ep,
+     "expert e lives on rank e // (E/ep) = e // 4, not e // ep = e // 2"),
+    ("check_dispatch_order", dispatch_inverse_order, "your order is the inverse permutation"),
+    ("check_dispatch_order", dispatch_token_numbers, "your order holds token numbers t"),
+    ("check_exchange_counts", exchange_transposed,
+     "on ep rank 0 your counts are arranged as [E/ep, ep] = [2, 2]"),
+    ("check_exchange_counts", exchange_all_reduce,
+     "on ep rank 0 your counts are all ranks' counts summed (all_reduce)"),
+    ("check_exchange_counts", exchange_all_gather,
+     "on ep rank 0 you hold every rank's full counts ([ep, E] = [2, 4], what all_gather gives)"),
+    ("check_exchange_counts", exchange_all_gather_then_slice,
+     "right counts, but through all_gather_into_tensor"),
+    ("check_exchange_counts", exchange_own_counts,
+     "on ep rank 0 you returned this rank's own counts"),
+    ("check_exchange_counts", exchange_without_group,
+     "raised RuntimeError: in->size % context->size == 0. - pass group=group"),
+    ("check_received_experts", received_grouped_by_expert,
+     "your ids assume the rows arrive grouped by expert; they arrive grouped by source rank"),
+    ("check_received_experts", received_source_ranks, "these are the source ranks of the rows"),
+    ("check_received_experts", received_transposed_counts,
+     "you paired the counts with the wrong experts"),
 ]
 
 
@@ -569,6 +699,38 @@ def test_a_wrong_answer_gets_its_diagnosis(check, wrong, diagnosis, capsys):
     assert out.startswith(f"✗ {check}")
     assert diagnosis in out, out
     assert len(out.strip().splitlines()) == 1, "one line per check"
+
+
+def exchange_only_on_rank_0(tokens_per_expert, group):
+    """Rank 0 waits in an all-to-all that no peer joins."""
+    if dist.get_rank(group) == 0:
+        _received(tokens_per_expert, group)
+    return exchange_own_counts(tokens_per_expert, group)
+
+
+def exchange_with_split_sizes_that_differ(tokens_per_expert, group):
+    """Each rank sends as many counts as it has rows for a rank: the peers disagree on sizes."""
+    ep = dist.get_world_size(group)
+    sizes = tokens_per_expert.view(ep, -1).sum(1).tolist()
+    received = tokens_per_expert.new_empty(sum(sizes))
+    dist.all_to_all_single(received, torch.zeros_like(received), sizes, sizes, group=group)
+    return received
+
+
+def test_a_deadlocked_exchange_is_reported_not_waited_for(capsys, monkeypatch):
+    monkeypatch.setattr(checks, "EXCHANGE_TIMEOUT_S", 2.0)
+    ok, out = _run("check_exchange_counts", exchange_only_on_rank_0, capsys)
+    assert not ok and "ep rank 0 waited in a collective that its peers never joined" in out, out
+    ok, out = _run("check_exchange_counts", exchange_with_split_sizes_that_differ, capsys)
+    # gloo aborts the process that receives more than it expects (or, by timing, its peer waits)
+    assert not ok and ("a process died in the exchange (gloo: op.preamble.length <= op.nbytes"
+                       in out or "waited in a collective that its peers never joined" in out), out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_a_function_that_cannot_travel_is_explained(capsys):
+    ok, out = _run("check_exchange_counts", lambda counts, group: counts, capsys)
+    assert not ok and "cannot send it there: a lambda cannot travel by its source" in out, out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -65,3 +65,10 @@ def test_expert_parallel_benchmark_reports_per_gpu_numbers():
     for r in (rank0, rank1):
         assert r["tokens_per_s_per_gpu"] > 0 and r["pflops_per_gpu"] > 0 and r["median_ms"] > 0
         assert r["world"] == 2 and r["ep"] == 2
+
+
+def test_a_launch_past_its_timeout_is_stopped():
+    """A rank stuck (here: a long training run) must not hang the caller, e.g. the matrix."""
+    with pytest.raises(RuntimeError, match="timed out after 4 s and was stopped"):
+        launch(2, "--mode", "train", "--steps", "100000", "--max-sequences", "300", timeout=4,
+               echo=False)

@@ -1,0 +1,188 @@
+"""The (dp, ep) benchmark matrix driver (`moe_tutorial.matrix`): which runs it plans, the commands
+it prints, a real run on CPU (2 gloo processes, the tiny preset, HF baseline included) and the
+table it renders; and the arithmetic behind the 8-GPU preset."""
+
+import importlib.metadata
+import importlib.util
+import json
+from argparse import Namespace
+
+import pytest
+import torch
+
+from moe_tutorial import distributed, matrix, train_dist
+from moe_tutorial.config import preset
+
+
+def _has_transformers_5() -> bool:
+    # find_spec, not import: importing transformers costs seconds, and the ranks import it anyway
+    return (importlib.util.find_spec("transformers") is not None
+            and int(importlib.metadata.version("transformers").split(".")[0]) >= 5)
+
+
+def test_layouts_are_every_factorisation_whose_ep_divides_the_experts():
+    assert matrix.layouts(8, 8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    assert matrix.layouts(2, 4) == [(1, 2), (2, 1)]
+    assert matrix.layouts(8, 6) == [(4, 2), (8, 1)]  # ep 4 and 8 would split 6 experts unevenly
+    assert matrix.layouts(6, 8) == [(3, 2), (6, 1)]
+    assert matrix.layouts(1, 8) == [(1, 1)]
+    with pytest.raises(ValueError, match="--gpus must be >= 1"):
+        matrix.layouts(0, 8)
+
+
+def test_requested_layouts_are_checked():
+    assert matrix.chosen_layouts(8, 8, ["2x4", "8×1"]) == [(2, 4), (8, 1)]
+    assert matrix.chosen_layouts(8, 8, None) == matrix.layouts(8, 8)
+    with pytest.raises(ValueError, match=r"layout 2x2 uses 4 GPUs, not --gpus 8"):
+        matrix.chosen_layouts(8, 8, ["2x2"])
+    with pytest.raises(ValueError, match="num_experts=6 is not divisible by ep=4"):
+        matrix.chosen_layouts(8, 6, ["2x4"])
+    with pytest.raises(ValueError, match="'2-4' is not DPxEP"):
+        matrix.chosen_layouts(8, 8, ["2-4"])
+
+
+def test_the_plan_runs_ours_in_every_layout_and_precision_then_hf_data_parallel():
+    runs = matrix.plan(8, matrix.layouts(8, 8), ["bf16", "fp8"], "te_ops")
+    assert [(r.model, r.layout, r.precision) for r in runs] == [
+        ("ours", "dp1×ep8", "bf16"), ("ours", "dp1×ep8", "fp8"),
+        ("ours", "dp2×ep4", "bf16"), ("ours", "dp2×ep4", "fp8"),
+        ("ours", "dp4×ep2", "bf16"), ("ours", "dp4×ep2", "fp8"),
+        ("ours", "dp8×ep1", "bf16"), ("ours", "dp8×ep1", "fp8"),
+        ("hf", "dp8×ep1", "bf16")]
+    assert runs[-1].label == "HF grouped_mm" and runs[0].label == "ours (te_ops)"
+    assert len(matrix.plan(8, [(8, 1)], ["bf16"], "te_ops", hf=False)) == 1
+    with pytest.raises(ValueError, match=r"unknown precision\(s\) \['fp4'\]"):
+        matrix.plan(8, [(8, 1)], ["fp4"], "te_ops")
+
+
+def test_the_hf_baseline_refuses_expert_parallelism_and_fp8():
+    with pytest.raises(ValueError, match="--model hf has no expert parallelism.*--ep 1"):
+        train_dist.check_hf_args(Namespace(dp=1, ep=2, precision="bf16"))
+    with pytest.raises(ValueError, match="--model hf trains in bf16 only"):
+        train_dist.check_hf_args(Namespace(dp=2, ep=1, precision="fp8"))
+    train_dist.check_hf_args(Namespace(dp=2, ep=1, precision="bf16"))
+
+
+def test_dry_run_prints_the_8_gpu_commands(capsys, tmp_path):
+    out = tmp_path / "h200x8.json"
+    assert matrix.main(["--gpus", "8", "--preset", "mixtral-7l", "--backend", "te_ops",
+                        "--dry-run", "--out", str(out)]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines()
+                if not line.startswith("#")]
+    assert len(commands) == 9 and not out.exists()  # nothing ran, nothing written
+    for command in commands:
+        assert "-m torch.distributed.run --standalone --nproc_per_node=8 -m " \
+               "moe_tutorial.train_dist --mode bench" in command
+        assert "--preset mixtral-7l --batch 2 --seq-len 4096" in command
+    assert "--model ours --dp 1 --ep 8 --precision fp8 --backend te_ops" in commands[1]
+    assert commands[-1].split("train_dist ")[1].startswith(
+        "--mode bench --model hf --dp 8 --ep 1 --precision bf16 --preset")
+
+
+def test_layout_errors_stop_the_driver_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        matrix.main(["--gpus", "8", "--preset", "mixtral-7l", "--layouts", "3x2", "--dry-run"])
+    assert "layout 3x2 uses 6 GPUs, not --gpus 8" in capsys.readouterr().err
+
+
+def test_mixtral_7l_is_the_deepest_mixtral_that_fits_dp8_in_fp8_on_h200s():
+    """The preset's arithmetic: weights + gradients + AdamW moments (bf16) + the all-reduce
+    buffer + FP8 weight copies within 85% of an H200's 140 GiB with every expert on every GPU;
+    one more layer not (8 layers in FP8 did not finish a step on 2 × H200 at dp2 × ep1)."""
+    budget_gib = 0.85 * 140
+    config = preset("mixtral-7l")
+    assert (config.hidden_size, config.intermediate_size, config.num_experts, config.top_k,
+            config.num_heads, config.num_kv_heads) == (4096, 14336, 8, 2, 32, 8)
+    assert distributed.parameter_counts(config)["total"] == 10_421_039_104
+    assert round(matrix.predicted_state_gib(config, 8, 1), 1) == 97.1
+    assert round(matrix.predicted_state_gib(config, 8, 1, "fp8"), 1) == 106.2 < budget_gib
+    deeper = config.with_overrides(num_layers=config.num_layers + 1)
+    assert round(matrix.predicted_state_gib(deeper, 8, 1), 1) == 110.6  # measured: 110.8
+    assert matrix.predicted_state_gib(deeper, 8, 1, "fp8") > budget_gib
+    assert matrix.predicted_state_gib(config, 1, 8) < 20
+
+
+@pytest.mark.skipif(not _has_transformers_5(),
+                    reason="the HF baseline row needs transformers >= 5 (pip install -e '.[hf]')")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU test (gloo, fp32, no FP8); on GPUs "
+                    "run the matrix itself: python -m moe_tutorial.matrix --gpus 2")
+def test_a_real_matrix_on_cpu_records_every_row(tmp_path, capsys):
+    """2 gloo processes, tiny preset, 1 step per run. Without TE the FP8 rows fail — recorded
+    with the ranks' error, and the matrix goes on to the next layout and the HF baseline."""
+    out = tmp_path / "matrix.json"
+    code = matrix.main(["--gpus", "2", "--preset", "tiny", "--warmup", "0", "--iters", "1",
+                        "--out", str(out)])
+    assert code == 1  # some rows failed: the FP8 ones
+    report = json.loads(out.read_text())
+    assert report["complete"] and report["environment"]["gpus_used"] == 2
+    assert report["model"]["preset"] == "tiny" and report["model"]["total_params"] == 57248
+    rows = {(r["model"], r["layout"], r["precision"]): r for r in report["rows"]}
+    assert list(rows) == [("ours", "dp1×ep2", "bf16"), ("ours", "dp1×ep2", "fp8"),
+                          ("ours", "dp2×ep1", "bf16"), ("ours", "dp2×ep1", "fp8"),
+                          ("hf", "dp2×ep1", "bf16")]
+    for key in [("ours", "dp1×ep2", "bf16"), ("ours", "dp2×ep1", "bf16"),
+                ("hf", "dp2×ep1", "bf16")]:
+        row = rows[key]
+        assert row["status"] == "ok" and row["dtype"] == "float32", row
+        assert row["tokens_per_s_per_gpu"] > 0 and row["pflops_per_gpu"] > 0
+        assert len(row["ranks"]) == 2 and row["mfu"] is None  # no datasheet peak for a CPU
+    assert rows[("ours", "dp1×ep2", "bf16")]["path"] == "EP 0/2 (experts 0..1): torch._grouped_mm"
+    assert rows[("hf", "dp2×ep1", "bf16")]["path"].startswith("HF transformers MixtralForCausalLM")
+    assert rows[("hf", "dp2×ep1", "bf16")]["backend"] == "hf_grouped_mm"
+    for key in [("ours", "dp1×ep2", "fp8"), ("ours", "dp2×ep1", "fp8")]:
+        assert rows[key]["status"] == "error"
+        assert "needs Transformer Engine FP8 on a GPU" in rows[key]["error"]
+    table = capsys.readouterr().out.split("\n\n| model")[1]
+    assert table.count("| ours (grouped_torch) |") == 4
+    assert "| HF grouped_mm | dp2×ep1 | fp32 |" in table
+
+
+def _report(rows):
+    return {"environment": {"gpu": "NVIDIA H200", "gpus_used": 8, "torch": "2.11.0",
+                            "transformer_engine": "2.20.2", "transformers": "5.3.0"},
+            "model": {"preset": "mixtral-7l", "layers": 7, "hidden_size": 4096,
+                      "intermediate_size": 14336, "num_experts": 8, "top_k": 2,
+                      "total_params": 10_421_039_104, "active_params_per_token": 2_891_153_408},
+            "settings": {"batch": 2, "seq_len": 4096, "warmup": 2, "iters": 6,
+                         "backend": "te_ops", "backend_reason": "TE 2.20.2 on NVIDIA H200"},
+            "rows": rows, "complete": False}
+
+
+def _ok(model, dp, ep, precision, tokens_per_s, **extra):
+    run = matrix.Run(model, dp, ep, precision, "te_ops" if model == "ours" else "hf_grouped_mm")
+    return {"model": model, "precision": precision, "label": run.label, "layout": run.layout,
+            "status": "ok", "median_ms": 16384 / tokens_per_s * 1e3,
+            "tokens_per_s_per_gpu": tokens_per_s, "pflops_per_gpu": 0.25, "mfu": 0.2527,
+            "peak_memory_gb": 40.0, "all_to_all_ms": 12.0, "all_reduce_ms": 3.5,
+            "dtype": "bfloat16", "path": "EP 0/8 (experts 0..0): te.ops unfused", **extra}
+
+
+def test_the_table_shows_every_row_failures_included(tmp_path, capsys):
+    oom = {"model": "ours", "precision": "fp8", "label": "ours (te_ops)", "layout": "dp8×ep1",
+           "status": "OOM", "error": "python -m torch.distributed.run ... failed (exit 1):\n"
+           "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 21.0 GiB\n"}
+    report = _report([_ok("ours", 1, 8, "bf16", 12000.0), oom, _ok("hf", 8, 1, "bf16", 8000.0)])
+    path = tmp_path / "h200x8.json"
+    path.write_text(json.dumps(report))
+    assert matrix.main(["--table", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "mixtral-7l: 7 layers, hidden 4096, 8 experts × 14336, top-2, 10.42 B parameters " \
+           "(2.89 B active per token); batch 2 × 4096 tokens per GPU; 8 × NVIDIA H200" in table
+    assert ("| ours (te_ops) | dp1×ep8 | bf16 | 1365.3 | 12,000 | 0.250 | 25.3% | 1.50 | 40.0 "
+            "| 12.0 | 3.5 | ok |") in table
+    failed = "| ours (te_ops) | dp8×ep1 | fp8 | " + "– | " * 8 + "**OOM** (1) |"
+    assert failed in table
+    assert "| HF grouped_mm | dp8×ep1 | bf16 |" in table
+    assert ("(1) ours (te_ops) dp8×ep1 fp8: [rank3]: torch.OutOfMemoryError: CUDA out of "
+            "memory. Tried to allocate 21.0 GiB") in table
+    assert "(incomplete: the matrix was interrupted)" in table
+
+
+def test_failures_are_classified_and_summarised():
+    assert matrix.classify_failure("[rank0]: torch.OutOfMemoryError: CUDA out of memory.") == "OOM"
+    assert matrix.classify_failure("... timed out after 300 s and was stopped") == "timeout"
+    assert matrix.classify_failure("[rank1]: ValueError: bad") == "error"
+    timeout = {"command": "torchrun x", "error": "torchrun x timed out after 300 s and was "
+               "stopped:\nstep 3\ntorch...SignalException: Process 7 got signal: 15\n"}
+    assert matrix.failure_reason(timeout) == ("the run timed out after 300 s and was stopped: "
+                                              "torch...SignalException: Process 7 got signal: 15")

@@ -1759,10 +1759,13 @@ def _diagnose_exchange(outcome: dict, counts: torch.Tensor, r: int) -> None:
                       f"all_to_all_single filled: view it as [ep, E/ep] = [{ep}, {per_rank}], "
                       "row s = what ep rank s sends to each local expert")
     if same(want.T) or same(want.flatten().view(per_rank, ep)):
-        raise Failure(f"on ep rank {r} your counts are arranged as [E/ep, ep] = [{per_rank}, "
-                      f"{ep}]: the received buffer holds one block of E/ep counts per source "
-                      f"rank, so return [ep, E/ep] = [{ep}, {per_rank}], row s = what ep rank s "
-                      f"sends to each of {mine}")
+        # With ep == E/ep the shapes agree and only the layout is wrong: say it by rows.
+        arranged = (f"transposed: your row e holds what every source rank sends to local expert e"
+                    if per_rank == ep else
+                    f"arranged as [E/ep, ep] = [{per_rank}, {ep}]")
+        raise Failure(f"on ep rank {r} your counts are {arranged}: the received buffer holds one "
+                      f"block of E/ep counts per source rank, so return [ep, E/ep] = [{ep}, "
+                      f"{per_rank}], row s = what ep rank s sends to each of {mine}")
     if same(counts[r]) or same(counts[r].view(ep, per_rank)):
         raise Failure(f"on ep rank {r} you returned this rank's own counts, what it sends; what it "
                       f"receives is block {r} ({mine}) of every rank's counts, one row per source "

@@ -550,6 +550,11 @@ def exchange_transposed(tokens_per_expert, group):
     return _received(tokens_per_expert, group).view(dist.get_world_size(group), -1).T
 
 
+def exchange_viewed_by_columns(tokens_per_expert, group):
+    """[E/ep, ep]: right when ep == E/ep, wrong on the ep=3 group."""
+    return _received(tokens_per_expert, group).view(-1, dist.get_world_size(group))
+
+
 def exchange_all_reduce(tokens_per_expert, group):
     total = tokens_per_expert.clone()
     dist.all_reduce(total, group=group)
@@ -668,7 +673,10 @@ WRONG = [
     ("check_dispatch_order", dispatch_inverse_order, "your order is the inverse permutation"),
     ("check_dispatch_order", dispatch_token_numbers, "your order holds token numbers t"),
     ("check_exchange_counts", exchange_transposed,
-     "on ep rank 0 your counts are arranged as [E/ep, ep] = [2, 2]"),
+     "on ep rank 0 your counts are transposed: your row e holds what every source rank sends to "
+     "local expert e"),
+    ("check_exchange_counts", exchange_viewed_by_columns,
+     "your counts are arranged as [E/ep, ep] = [2, 3]: the received buffer holds one block"),
     ("check_exchange_counts", exchange_all_reduce,
      "on ep rank 0 your counts are all ranks' counts summed (all_reduce)"),
     ("check_exchange_counts", exchange_all_gather,

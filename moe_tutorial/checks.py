@@ -1387,7 +1387,7 @@ def _verify_recipe(case: Case, call) -> None:
             raise Failure(f"{name!r} is not a recipe name: use a TE recipe class name "
                           f"({', '.join(quant.TE_RECIPES)}) or {quant.EMULATED_MXFP8!r}")
         if name in quant.TE_RECIPES and name not in supported:
-            feature = caps[quant._RECIPE_FACTS[name][0]]
+            feature = caps[quant.recipe_capability(name)]
             native = ", ".join(supported) or f"nothing, so MXFP8 is emulated: {quant.EMULATED_MXFP8}"
             raise Failure(f"{machine} cannot run {name} ({feature.reason}): choose among what "
                           f"caps says runs natively ({native})")

@@ -685,9 +685,17 @@ def _machine_name(capabilities) -> str:
     return f"{env.gpu_name} (compute capability {major}.{minor})"
 
 
+def recipe_capability(name: str) -> str:
+    """The capability-table row (`hardware.capabilities()[key]`) that says whether TE recipe
+    `name` runs here, e.g. "mxfp8" for MXFP8BlockScaling."""
+    if name not in _RECIPE_FACTS:
+        raise ValueError(f"unknown TE recipe {name!r}; choose one of {TE_RECIPES}")
+    return _RECIPE_FACTS[name][0]
+
+
 def supported_recipes(capabilities) -> list[str]:
     """The TE recipes this machine runs natively, from `hardware.evaluate(...)`'s table."""
-    return [name for name in TE_RECIPES if capabilities.is_native(_RECIPE_FACTS[name][0])]
+    return [name for name in TE_RECIPES if capabilities.is_native(recipe_capability(name))]
 
 
 def recipe_for(capabilities, preference: str = "fastest") -> RecipeChoice:

@@ -540,3 +540,10 @@ def test_recipe_build_constructs_the_te_recipe(monkeypatch):
         assert quant.recipe_for(machine("blackwell"), preference).build() == preference
     assert made == [("MXFP8BlockScaling", "E4M3"), ("Float8BlockScaling", "E4M3"),
                     ("Float8CurrentScaling", "HYBRID"), ("DelayedScaling", "HYBRID")]
+
+
+def test_recipe_capability_names_the_capability_row():
+    assert quant.recipe_capability("MXFP8BlockScaling") == "mxfp8"
+    assert quant.recipe_capability("DelayedScaling") == "fp8_delayed"
+    with pytest.raises(ValueError, match="unknown TE recipe 'MXFP4'"):
+        quant.recipe_capability("MXFP4")

@@ -2,35 +2,20 @@
 `python -m moe_tutorial build`) follow the course's notebook conventions, and both run top to
 bottom under nbval in small mode, as CI does (the exercises with every function still a stub).
 
-nbval runs in a child pytest, one per folder, with the environment tests/test_notebooks.py gives
-the walkthrough's notebooks (MOE_TUTORIAL_MODE=small, headless, this checkout on PYTHONPATH).
-By hand:
+nbval runs in a child pytest, one per folder, in the environment of tests/notebook_conventions.py
+(MOE_TUTORIAL_MODE=small, headless, this checkout on PYTHONPATH). By hand:
 
     MOE_TUTORIAL_MODE=small python -m pytest --nbval-lax --nbval-current-env solutions/ exercises/
 """
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from moe_tutorial import course
+from notebook_conventions import (ROOT, assert_parameters_and_no_outputs, assert_runs_under_nbval,
+                                  cells, tagged)
 
-ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("solutions", "exercises")
 NOTEBOOKS = [p for folder in FOLDERS for p in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb"))]
-ENV_PARAMETERS = ("MOE_TUTORIAL_MODE", "MOE_TUTORIAL_DEVICE", "MOE_TUTORIAL_LIVE")
-
-
-def _cells(path):
-    return json.loads(path.read_text())["cells"]
-
-
-def _tagged(path, tag):
-    return [c for c in _cells(path) if tag in c.get("metadata", {}).get("tags", [])]
 
 
 def test_one_exercise_notebook_per_chapter():
@@ -46,19 +31,10 @@ def test_notebook_structure(notebook):
     """The course's conventions: one `parameters` cell read from the environment, a `closing`
     cell, no outputs in git, nothing that raises on purpose, and the first cell explains how the
     notebook is made and used."""
-    params = _tagged(notebook, "parameters")
-    assert len(params) == 1, "exactly one cell tagged 'parameters' (papermill injects after it)"
-    source = "".join(params[0]["source"])
-    for name in ENV_PARAMETERS:
-        assert name in source, f"the parameters cell should read ${name}"
-    for name in ("MODE", "DEVICE", "LIVE"):
-        assert f"\n{name} = " in f"\n{source}", f"the parameters cell should define {name}"
-    closing = _tagged(notebook, "closing")
+    assert_parameters_and_no_outputs(notebook)
+    closing = tagged(notebook, "closing")
     assert closing and all("checks.summary()" in "".join(c["source"]) for c in closing)
-    assert not _tagged(notebook, "raises-exception"), "papermill fails on any error output"
-    for cell in _cells(notebook):
-        assert not cell.get("outputs") and not cell.get("execution_count"), "commit without outputs"
-    first = _cells(notebook)[0]
+    first = cells(notebook)[0]
     intro = "".join(first["source"])
     assert first["cell_type"] == "markdown"
     for phrase in (course.SOLUTION_BEGIN, course.SOLUTION_END, course.HINT_PREFIX.rstrip(":"),
@@ -69,14 +45,4 @@ def test_notebook_structure(notebook):
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_notebooks_run_under_nbval_in_small_mode(folder):
-    pytest.importorskip("nbval")
-    env = {**os.environ, "MOE_TUTORIAL_MODE": "small",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    env.pop("JPY_SESSION_NAME", None)  # headless, even when pytest is started from a notebook
-    env.pop("MOE_TUTORIAL_DEVICE", None)
-    cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env",
-           "-p", "no:cacheprovider", "--nbval-cell-timeout=120", "-q", folder]
-    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, (f"{folder}/ failed under nbval ({' '.join(cmd[2:])}):\n"
-                                    f"{result.stdout[-6000:]}\n{result.stderr[-2000:]}")
-    assert " passed" in result.stdout and "failed" not in result.stdout.splitlines()[-1]
+    assert_runs_under_nbval(folder, cell_timeout=120, timeout=600)

@@ -1,0 +1,57 @@
+"""What every notebook of the course must satisfy, and how the tests run one under nbval: shared
+by tests/test_notebooks.py (the walkthrough) and tests/test_exercise_notebooks.py (the exercises).
+
+nbval runs in a child pytest so that its kernels get a known environment: MOE_TUTORIAL_MODE=small
+(whatever the machine; the notebooks' `parameters` cells read it), no $JPY_SESSION_NAME (a headless
+run: the dashboards draw once, at the end), no $MOE_TUTORIAL_DEVICE, and this checkout first on
+PYTHONPATH."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV_PARAMETERS = ("MOE_TUTORIAL_MODE", "MOE_TUTORIAL_DEVICE", "MOE_TUTORIAL_LIVE")
+
+
+def cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def tagged(path: Path, tag: str) -> list[dict]:
+    return [c for c in cells(path) if tag in c.get("metadata", {}).get("tags", [])]
+
+
+def assert_parameters_and_no_outputs(notebook: Path) -> None:
+    """One `parameters` cell that reads the environment and defines MODE, DEVICE and LIVE;
+    nothing that raises on purpose; no outputs in git."""
+    params = tagged(notebook, "parameters")
+    assert len(params) == 1, "exactly one cell tagged 'parameters' (papermill injects after it)"
+    source = "".join(params[0]["source"])
+    for name in ENV_PARAMETERS:
+        assert name in source, f"the parameters cell should read ${name}"
+    for name in ("MODE", "DEVICE", "LIVE"):
+        assert f"\n{name} = " in f"\n{source}", f"the parameters cell should define {name}"
+    assert not tagged(notebook, "raises-exception"), "papermill fails on any error output"
+    for cell in cells(notebook):
+        assert not cell.get("outputs") and not cell.get("execution_count"), "commit without outputs"
+
+
+def assert_runs_under_nbval(target: str, *, cell_timeout: int, timeout: int) -> None:
+    """`pytest --nbval-lax --nbval-current-env target` (a notebook or a folder, relative to the
+    checkout) in small mode passes."""
+    pytest.importorskip("nbval")
+    env = {**os.environ, "MOE_TUTORIAL_MODE": "small",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env.pop("JPY_SESSION_NAME", None)  # headless, even when pytest is started from a notebook
+    env.pop("MOE_TUTORIAL_DEVICE", None)
+    cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
+           f"--nbval-cell-timeout={cell_timeout}", "-q", target]
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (f"{target} failed under nbval ({' '.join(cmd[2:])}):\n"
+                                    f"{result.stdout[-6000:]}\n{result.stderr[-2000:]}")
+    assert " passed" in result.stdout and "failed" not in result.stdout.splitlines()[-1]

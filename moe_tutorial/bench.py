@@ -331,35 +331,35 @@ def _classify_error(exc: Exception) -> dict:
     return dict(status="error", error=message)
 
 
-def _build_train_variant(variant: str, config, device):
-    """(loss_fn(input_ids) -> loss, the trained module) for a variant, all from the same seeded
-    initial weights."""
-    from .hf_baseline import hf_mixtral, hf_training_loss
-    from .model import IGNORE_INDEX, MoEForCausalLM
+def _build_ours(config, device, backend: str, precision: str):
+    """(loss_fn(input_ids) -> loss, model): our model from the seeded initial weights, with
+    this expert backend and precision, trained on HF's next-token targets (comparable losses)."""
+    from .model import MoEForCausalLM, next_token_targets
 
     torch.manual_seed(0)
     model = MoEForCausalLM(config, device=device)
+    model.set_expert_backend(backend)
+    model.set_precision(precision)
+    return (lambda ids: model(ids, next_token_targets(ids)).loss), model
+
+
+def _build_train_variant(variant: str, config, device):
+    """(loss_fn(input_ids) -> loss, the trained module) for a variant, all from the same seeded
+    initial weights."""
     if variant.startswith("hf_"):
+        from .hf_baseline import hf_mixtral, hf_training_loss
+        from .model import MoEForCausalLM
+
+        torch.manual_seed(0)
         impl = "eager" if variant == "hf_eager" else "grouped_mm"
-        hf = hf_mixtral(model, impl)
-        del model
+        hf = hf_mixtral(MoEForCausalLM(config, device=device), impl)
         if variant.endswith("_compiled"):
             hf.forward = torch.compile(hf.forward)
         return (lambda ids: hf_training_loss(hf, ids)), hf
 
     if variant not in OUR_VARIANTS:
         raise ValueError(f"unknown training variant {variant!r}; choose from {TRAIN_VARIANTS}")
-    backend, precision = OUR_VARIANTS[variant]
-    model.set_expert_backend(backend)
-    model.set_precision(precision)
-
-    def loss_fn(ids):
-        # HF's labels=input_ids convention: predict token t+1 at position t, the last position
-        # has no target. Same targets, so the losses are comparable.
-        targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], dim=1)
-        return model(ids, targets).loss
-
-    return loss_fn, model
+    return _build_ours(config, device, *OUR_VARIANTS[variant])
 
 
 def model_flops_per_token(config, seq_len: int) -> float:
@@ -607,19 +607,8 @@ def _build_curve_variant(variant, config, device):
     (label, backend, precision) tuple of our model; same seeded initial weights either way."""
     if isinstance(variant, str):
         return (variant, *_build_train_variant(variant, config, device))
-    from .model import IGNORE_INDEX, MoEForCausalLM
-
     label, backend, precision = variant
-    torch.manual_seed(0)
-    model = MoEForCausalLM(config, device=device)
-    model.set_expert_backend(backend)
-    model.set_precision(precision)
-
-    def loss_fn(ids):  # HF's labels=input_ids convention, as in _build_train_variant
-        targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], dim=1)
-        return model(ids, targets).loss
-
-    return label, loss_fn, model
+    return (label, *_build_ours(config, device, backend, precision))
 
 
 def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_len: int = 256,

@@ -37,6 +37,12 @@ from .routing import Router, load_balancing_loss
 IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
 
 
+def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
+    """The targets of HF's `labels=input_ids` convention: position t predicts token t+1; the last
+    position has no target (IGNORE_INDEX). With these our loss is the one HF computes."""
+    return torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)], dim=1)
+
+
 class RMSNorm(nn.Module):
     """weight * (x / rms(x)), HF Mixtral's arithmetic: x / rms(x) in fp32, rounded to x's dtype,
     then scaled by the weight. `F.rms_norm` computes in fp32 internally and runs as one fused

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from . import distributed, routing
 from .bench import environment, time_fn
 from .config import preset
-from .model import IGNORE_INDEX, MoEForCausalLM
+from .model import MoEForCausalLM, next_token_targets
 
 
 def _setup() -> torch.device:
@@ -48,10 +48,6 @@ def _setup() -> torch.device:
         return torch.device("cuda", local_rank)
     dist.init_process_group("gloo")
     return torch.device("cpu")
-
-
-def _targets(ids: torch.Tensor) -> torch.Tensor:
-    return torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], dim=1)
 
 
 @contextlib.contextmanager
@@ -92,9 +88,9 @@ def check(args, device) -> dict:
               list(range(args.starve_rank * config.num_experts // args.ep,
                          (args.starve_rank + 1) * config.num_experts // args.ep)))
     with starve_experts(starve):
-        ref_out = reference(ids, _targets(ids))
+        ref_out = reference(ids, next_token_targets(ids))
         ref_out.loss.backward()
-        out = model(ids[mine], _targets(ids[mine]))
+        out = model(ids[mine], next_token_targets(ids[mine]))
         out.loss.backward()
     distributed.average_gradients(model, layout)
 
@@ -163,11 +159,11 @@ def _bench_model(args, config, layout, ids):
 
         hf = hf_mixtral(model, "grouped_mm")
         del model  # only HF's copy of the weights stays on the device
-        return hf, lambda: hf_training_loss(hf, ids)  # HF shifts the labels as _targets does
+        return hf, lambda: hf_training_loss(hf, ids)  # HF shifts the labels as next_token_targets does
     model.set_expert_backend(args.backend)
     model.set_precision(args.precision)
     distributed.shard_experts(model, layout)
-    targets = _targets(ids)
+    targets = next_token_targets(ids)
     return model, lambda: model(ids, targets).loss
 
 

@@ -166,13 +166,12 @@ def test_model_fp8_keeps_router_and_lm_head_in_bf16(te):
 
 def test_hf_baseline_same_weights_same_loss(te):
     from moe_tutorial.hf_baseline import hf_mixtral, hf_training_loss
-    from moe_tutorial.model import IGNORE_INDEX
+    from moe_tutorial.model import next_token_targets
 
     cfg = preset("tiny", hidden_size=256, intermediate_size=512, dtype="bfloat16", max_seq_len=128)
     model = MoEForCausalLM(cfg, device="cuda")
     ids = torch.randint(0, cfg.vocab_size, (2, 128), device="cuda")
-    targets = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], IGNORE_INDEX)], 1)
-    ours = model(ids, targets).loss.item()
+    ours = model(ids, next_token_targets(ids)).loss.item()
     for impl in ("eager", "grouped_mm"):
         hf = hf_mixtral(model, impl)
         assert abs(hf_training_loss(hf, ids).item() - ours) < 0.02, impl

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from moe_tutorial.config import preset
-from moe_tutorial.model import IGNORE_INDEX, MoEForCausalLM, RMSNorm, cross_entropy
+from moe_tutorial.model import (IGNORE_INDEX, MoEForCausalLM, RMSNorm, cross_entropy,
+                                next_token_targets)
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -19,10 +20,6 @@ def _hf_model(cfg, experts_implementation):
     return model
 
 
-def _next_token_targets(ids):
-    return torch.cat([ids[:, 1:], torch.full((ids.shape[0], 1), IGNORE_INDEX)], dim=1)
-
-
 @pytest.mark.parametrize("hf_experts", ["eager", "grouped_mm"])
 @pytest.mark.parametrize("backend", ["naive", "grouped_torch"])
 def test_parity_with_hf_mixtral(hf_experts, backend):
@@ -32,7 +29,7 @@ def test_parity_with_hf_mixtral(hf_experts, backend):
     ids = torch.randint(0, cfg.vocab_size, (3, 24))
 
     ref = hf(ids, labels=ids, output_router_logits=True)
-    out = ours(ids, _next_token_targets(ids))
+    out = ours(ids, next_token_targets(ids))
     assert (out.logits - ref.logits).abs().max().item() <= 1e-4
     torch.testing.assert_close(out.aux_loss, ref.aux_loss, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(out.loss, ref.loss, rtol=1e-6, atol=1e-6)
@@ -96,7 +93,7 @@ def test_bf16_model_runs_and_is_close_to_fp32():
     model16 = MoEForCausalLM(cfg.with_overrides(dtype="bfloat16"))
     model16.load_state_dict(model.state_dict())
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
-    targets = _next_token_targets(ids)
+    targets = next_token_targets(ids)
     loss, loss16 = model(ids, targets).loss, model16(ids, targets).loss
     assert abs(loss.item() - loss16.item()) < 0.05
     loss16.backward()

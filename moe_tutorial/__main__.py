@@ -78,6 +78,14 @@ def _bench(args: argparse.Namespace) -> int:
         partial.append(row)
         write({"environment": bench.environment(), "results": partial, "complete": False})
 
+    if args.merge:
+        report = bench.merge_reports([json.load(open(path)) for path in args.merge])
+        write(report)
+        print("summary: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in report["summary"].items()))
+        if args.out:
+            print(f"wrote {args.out}")
+        return 0
     report = bench.run(device=args.device, shapes=args.shapes, routings=args.routings,
                        expert=not args.no_expert, train=not args.no_train,
                        train_preset=args.preset, train_variants=args.train_variants,
@@ -140,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--optimizer", default="torch_adamw", choices=["torch_adamw", "te_fused_adam"],
                     help="optimizer of our training-step variants (HF uses torch's fused AdamW)")
     be.add_argument("--out", default=None, help="write the results as JSON here")
+    be.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="instead of running: merge the JSON files of separate parts of one run "
+                         "(same machine and versions) into --out, summary recomputed")
     be.add_argument("--profile", nargs="+", default=None,
                     help="also print a torch.profiler table of these training-step variants")
     be.set_defaults(run=_bench)

@@ -226,18 +226,27 @@ def expert_variants(caps) -> list[tuple[str, str]]:
     variants = [("naive", "bf16"), ("grouped_torch", "bf16"), ("te_grouped_linear", "bf16"),
                 ("te_ops", "bf16")]  # TE backends run their PyTorch counterparts without TE
     if caps.has_te and caps.device == "cuda":
+        if (caps.env.compute_capability or (0, 0))[0] == 9:  # TE's CUTLASS switch: Hopper only
+            variants += [(f"te_grouped_linear{CUTLASS}", "bf16"), (f"te_ops{CUTLASS}", "bf16")]
         for recipe in supported_recipes(caps):
             variants += [("te_grouped_linear", recipe), ("te_ops", recipe)]
     return variants
+
+
+# A backend name ending in this runs inside `experts.cutlass_grouped_gemm()` (forward and backward).
+CUTLASS = "+cutlass"
 
 
 def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device="cuda",
                        variants: list[tuple[str, str]] | None = None, warmup: int = 3,
                        iters: int = 20, on_result: Callable[[dict], None] | None = None) -> list[dict]:
     """Time every variant on one shape/routing; the naive loop (bf16) is the reference each
-    variant's output is checked against before it is timed."""
+    variant's output is checked against before it is timed. A backend named `<backend>+cutlass`
+    runs `<backend>` with TE's CUTLASS grouped GEMM (`experts.cutlass_grouped_gemm`)."""
+    import contextlib
+
     from . import hardware, quant
-    from .experts import ExpertMLP, convert_experts
+    from .experts import ExpertMLP, convert_experts, cutlass_grouped_gemm
 
     caps = hardware.capabilities()
     variants = variants or expert_variants(caps)
@@ -259,7 +268,9 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
         experts = None
         try:
             _reset_memory(device)
-            experts = (convert_experts(base, backend) if backend != "naive" else base)
+            module_backend = backend.removesuffix(CUTLASS)
+            gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
+            experts = (convert_experts(base, module_backend) if backend != "naive" else base)
             recipe = None
             if precision != "bf16":
                 choice = quant.recipe_for(caps, precision)
@@ -273,9 +284,10 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
                 for p in experts.parameters():
                     p.grad = None
                 x.grad = w.grad = None
-                with _autocast(recipe):
-                    out = experts(x, indices, w)
-                out.backward(grad_out)
+                with gemm():
+                    with _autocast(recipe):
+                        out = experts(x, indices, w)
+                    out.backward(grad_out)
                 return out
 
             out = step().detach()
@@ -283,7 +295,8 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
                 reference = out  # the first variant is the loop
             row["rel_error"] = _relative_error(out, reference)
             row["tolerance"] = TOLERANCE[_precision_kind(precision)]
-            row["path"] = experts.last_path
+            row["path"] = experts.last_path + (" [NVTE_USE_CUTLASS_GROUPED_GEMM=1]"
+                                               if gemm is cutlass_grouped_gemm else "")
             if row["rel_error"] > row["tolerance"]:
                 row["status"] = "wrong"  # not timed: a fast wrong answer is not a result
             else:
@@ -347,14 +360,14 @@ def _build_train_variant(variant: str, config, device):
     """(loss_fn(input_ids) -> loss, the trained module) for a variant, all from the same seeded
     initial weights."""
     if variant.startswith("hf_"):
-        from .hf_baseline import hf_mixtral, hf_training_loss
+        from .hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
         from .model import MoEForCausalLM
 
         torch.manual_seed(0)
         impl = "eager" if variant == "hf_eager" else "grouped_mm"
         hf = hf_mixtral(MoEForCausalLM(config, device=device), impl)
         if variant.endswith("_compiled"):
-            hf.forward = torch.compile(hf.forward)
+            hf = compile_for_training(hf)
         return (lambda ids: hf_training_loss(hf, ids)), hf
 
     if variant not in OUR_VARIANTS:
@@ -477,7 +490,7 @@ def summarize(results: list[dict]) -> dict:
 
 
 def format_expert_row(r: dict) -> str:
-    name = f"{r['shape']:<12} {r['routing']:<8} {r['backend']:<18} {r['precision']:<20}"
+    name = f"{r['shape']:<12} {r['routing']:<8} {r['backend']:<25} {r['precision']:<20}"
     if r.get("status") != "ok":
         return f"{name} {r.get('status', '?').upper():>9}  {r.get('error', '') or r.get('rel_error', '')}"
     mem = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") is not None else "-"
@@ -496,7 +509,7 @@ def format_train_row(r: dict, dense: float | None, datasheet: float | None) -> s
             f"{mfu(dense)} {mfu(datasheet)} {mem:>6} {r['loss_diff']:9.1e}")
 
 
-EXPERT_HEADER = (f"{'shape':<12} {'routing':<8} {'backend':<18} {'precision':<20} {'ms':>9} "
+EXPERT_HEADER = (f"{'shape':<12} {'routing':<8} {'backend':<25} {'precision':<20} {'ms':>9} "
                  f"{'TFLOP/s':>8} {'vs loop':>8} {'rel.err':>9} {'GB':>6}")
 TRAIN_HEADER = (f"{'variant':<30} {'ms/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU*':>6} "
                 f"{'MFU**':>6} {'GB':>6} {'Δloss0':>9}")
@@ -560,6 +573,32 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
                                   for k, v in summary.items()))
     return {"environment": env, "dense_bf16_tflops_measured": dense,
             "datasheet_bf16_tflops": sheet, "results": results, "summary": summary}
+
+
+def merge_reports(reports: list[dict]) -> dict:
+    """One report from the parts of a benchmark run as separate commands on the same machine
+    (e.g. `--no-train` then `--no-expert`, each within a time limit): the results concatenated,
+    the summary recomputed over all of them, each part's date and dense-matmul rate kept. Refuses
+    parts whose GPU or library versions differ: their ratios would not be comparable."""
+    if not reports:
+        raise ValueError("nothing to merge")
+    def versions(report):
+        return {k: v for k, v in report["environment"].items() if k != "date"}
+    for r in reports[1:]:
+        if versions(r) != versions(reports[0]):
+            differ = sorted(k for k in versions(r) if versions(r)[k] != versions(reports[0]).get(k))
+            raise ValueError(f"cannot merge reports from different environments (differ in {differ})")
+    incomplete = [i for i, r in enumerate(reports) if not r.get("complete", True)]
+    if incomplete:
+        raise ValueError(f"report(s) {incomplete} did not finish (complete=False): rerun them")
+    results = [row for r in reports for row in r["results"]]
+    return {"environment": reports[0]["environment"],  # its date: when the run started
+            "parts": [{"date": r["environment"].get("date"),
+                       "dense_bf16_tflops_measured": r.get("dense_bf16_tflops_measured"),
+                       "results": len(r["results"])} for r in reports],
+            "dense_bf16_tflops_measured": reports[-1].get("dense_bf16_tflops_measured"),
+            "datasheet_bf16_tflops": reports[0].get("datasheet_bf16_tflops"),
+            "results": results, "summary": summarize(results), "complete": True}
 
 
 def profile_train_step(config, variant: str, *, batch: int = 2, seq_len: int = 4096,

@@ -138,8 +138,7 @@ def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
     assignment_rows = torch.empty_like(row_index).scatter_(0, sort_order, row_index)
     perm = Permutation(token_index, row_index, assignment_rows.view(num_tokens, top_k),
                        tokens_per_expert, m_splits, num_rows, align)
-    gathered = hidden.index_select(0, token_index)
-    rows = _scatter_rows(gathered, perm)
+    rows = _Dispatch.apply(hidden, perm)
     row_weights = None
     if weights is not None:
         row_weights = _scatter_rows(weights.float().reshape(-1)[sort_order], perm)
@@ -159,14 +158,99 @@ def unpermute(rows: torch.Tensor, perm: Permutation, weights: torch.Tensor | Non
 
     Pass `weights=None` when the expert outputs are already scaled by their routing weights
     (the te.ops path applies them inside ScaledSwiGLU). The k outputs of a token are summed in
-    fp32, in a fixed order (deterministic, unlike index_add's atomics on a GPU), then cast back.
+    fp32, in slot order (deterministic, unlike index_add's atomics on a GPU), then cast back.
     """
     if rows.shape[0] != perm.num_rows:
         raise ValueError(f"expected {perm.num_rows} expert-output rows (the permuted buffer), "
                          f"got {rows.shape[0]}")
-    num_tokens, top_k = perm.assignment_rows.shape
-    per_slot = rows.index_select(0, perm.assignment_rows.reshape(-1)).view(
-        num_tokens, top_k, rows.shape[1])
     if weights is None:
-        return per_slot.sum(dim=1, dtype=torch.float32).to(rows.dtype)
-    return (per_slot * weights.unsqueeze(-1).float()).sum(dim=1).to(rows.dtype)
+        return _Combine.apply(rows, perm.assignment_rows)
+    return _WeightedCombine.apply(rows, perm.assignment_rows, weights)
+
+
+# permute and unpermute are each other's adjoints, and their gradients say so. Plain autograd
+# through `hidden.index_select(0, token_index)` would scatter-add the k copies of every token
+# back with atomics (slow and nondeterministic on a GPU); the backward of dispatching is instead
+# the unweighted combine (gather each token's k rows and sum), and the backward of combining is
+# dispatching the output gradient (every row gets its token's gradient, times its weight).
+
+def _sum_rows(rows: torch.Tensor, assignment_rows: torch.Tensor,
+              weights: torch.Tensor | None) -> torch.Tensor:
+    """out[t] = sum_j weights[t, j] * rows[assignment_rows[t, j]] (weights None: all ones),
+    accumulated in (at least) fp32 one slot at a time, so no [T, k, H] temporary is made."""
+    num_tokens, top_k = assignment_rows.shape
+    acc = rows.new_zeros((num_tokens, rows.shape[1]),
+                         dtype=torch.promote_types(rows.dtype, torch.float32))
+    for j in range(top_k):  # k, the experts per token: a small constant, not a data size
+        slot = rows.index_select(0, assignment_rows[:, j])
+        if weights is None:
+            acc += slot
+        else:
+            acc.addcmul_(slot, weights[:, j:j + 1].to(acc.dtype))
+    return acc.to(rows.dtype)
+
+
+def _spread_rows(values: torch.Tensor, assignment_rows: torch.Tensor, num_rows: int,
+                 weights: torch.Tensor | None) -> torch.Tensor:
+    """rows[assignment_rows[t, j]] = weights[t, j] * values[t] (weights None: all ones); the rows
+    no token was assigned to (padding) are zero."""
+    num_tokens, top_k = assignment_rows.shape
+    if num_rows == num_tokens * top_k:  # no padding: every row is written below
+        rows = values.new_empty((num_rows, values.shape[1]))
+    else:
+        rows = values.new_zeros((num_rows, values.shape[1]))
+    for j in range(top_k):
+        slot = values if weights is None else (values * weights[:, j:j + 1]).to(values.dtype)
+        rows.index_copy_(0, assignment_rows[:, j], slot)  # distinct rows: no accumulation
+    return rows
+
+
+class _Dispatch(torch.autograd.Function):
+    """rows = each token's hidden state copied to its k buffer rows (padding zero)."""
+
+    @staticmethod
+    def forward(ctx, hidden, perm):
+        ctx.assignment_rows = perm.assignment_rows
+        return _scatter_rows(hidden.index_select(0, perm.token_index), perm)
+
+    @staticmethod
+    def backward(ctx, grad_rows):
+        return _sum_rows(grad_rows, ctx.assignment_rows, None), None
+
+
+class _Combine(torch.autograd.Function):
+    """out[t] = sum_j rows[row of (t, j)]."""
+
+    @staticmethod
+    def forward(ctx, rows, assignment_rows):
+        ctx.save_for_backward(assignment_rows)
+        ctx.num_rows = rows.shape[0]
+        return _sum_rows(rows, assignment_rows, None)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (assignment_rows,) = ctx.saved_tensors
+        return _spread_rows(grad_out, assignment_rows, ctx.num_rows, None), None
+
+
+class _WeightedCombine(torch.autograd.Function):
+    """out[t] = sum_j weights[t, j] * rows[row of (t, j)], weights in fp32."""
+
+    @staticmethod
+    def forward(ctx, rows, assignment_rows, weights):
+        ctx.save_for_backward(rows, assignment_rows, weights)
+        return _sum_rows(rows, assignment_rows, weights)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        rows, assignment_rows, weights = ctx.saved_tensors
+        grad_rows = grad_weights = None
+        if ctx.needs_input_grad[0]:
+            grad_rows = _spread_rows(grad_out, assignment_rows, rows.shape[0], weights)
+        if ctx.needs_input_grad[2]:  # d out[t] / d weights[t, j] = rows[row of (t, j)], in fp32
+            accumulate = torch.promote_types(grad_out.dtype, torch.float32)
+            grad = grad_out.to(accumulate)
+            grad_weights = torch.stack(
+                [(rows.index_select(0, assignment_rows[:, j]).to(accumulate) * grad).sum(-1)
+                 for j in range(assignment_rows.shape[1])], dim=1).to(weights.dtype)
+        return grad_rows, None, grad_weights

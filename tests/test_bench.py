@@ -1,6 +1,7 @@
 """The benchmark harness, at CPU size (the numbers themselves come from GPU runs)."""
 
 import json
+import os
 import time
 
 import pytest
@@ -70,6 +71,47 @@ def test_expert_layer_bench_checks_before_timing():
     assert "pure-PyTorch counterpart" in rows[-1]["path"]
 
 
+def test_cutlass_variant_sets_tes_switch_for_forward_and_backward(monkeypatch):
+    """`<backend>+cutlass` runs forward and backward with NVTE_USE_CUTLASS_GROUPED_GEMM=1 (TE
+    reads it at each GEMM call), says so in the path, and restores the environment after."""
+    from moe_tutorial import experts
+
+    monkeypatch.delenv(experts.CUTLASS_GROUPED_GEMM_ENV, raising=False)
+    seen = []
+
+    class Spy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", os.environ.get(experts.CUTLASS_GROUPED_GEMM_ENV)))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", os.environ.get(experts.CUTLASS_GROUPED_GEMM_ENV)))
+            return grad
+
+    real = experts.TEOpsExperts.forward
+    monkeypatch.setattr(experts.TEOpsExperts, "forward",
+                        lambda self, h, i, w: real(self, Spy.apply(h), i, w))
+    rows = bench.bench_expert_layer(bench.EXPERT_SHAPES["tiny"], device="cpu", warmup=0, iters=1,
+                                    variants=[("naive", "bf16"), ("te_ops" + bench.CUTLASS, "bf16")])
+    assert rows[1]["status"] == "ok" and rows[1]["backend"] == "te_ops+cutlass"
+    assert rows[1]["path"].endswith("[NVTE_USE_CUTLASS_GROUPED_GEMM=1]")
+    assert seen and set(seen) == {("forward", "1"), ("backward", "1")}
+    assert experts.CUTLASS_GROUPED_GEMM_ENV not in os.environ
+
+
+def test_cutlass_variants_only_on_hopper_with_te():
+    from moe_tutorial import hardware
+
+    hopper = hardware.evaluate(hardware.fake_environment("hopper"))
+    blackwell = hardware.evaluate(hardware.fake_environment("blackwell"))
+    assert ("te_ops+cutlass", "bf16") in bench.expert_variants(hopper)
+    assert not any(b.endswith("+cutlass") for b, _ in bench.expert_variants(blackwell))
+    cpu = hardware.capabilities(import_te=False)
+    assert not any(b.endswith("+cutlass") for b, _ in bench.expert_variants(cpu))
+
+
 def test_a_wrong_variant_is_reported_not_timed(monkeypatch):
     from moe_tutorial import experts
 
@@ -128,3 +170,27 @@ def test_bench_command_writes_json(tmp_path, capsys):
     assert all(r["status"] == "ok" and r["loss_diff"] < 0.02 for r in train)
     printed = capsys.readouterr().out
     assert "TFLOP/s = (6 ×" in printed and "summary:" in printed
+
+
+def test_merging_the_parts_of_a_run(tmp_path):
+    """`bench --merge` joins a --no-train and a --no-expert part into one report whose summary
+    covers both; parts from different environments or cut short are refused."""
+    expert, train, merged = (tmp_path / f"{n}.json" for n in ("expert", "train", "merged"))
+    common = ["--iters", "1", "--warmup", "0", "--routings", "balanced"]
+    assert main(["bench", "--no-train", *common, "--out", str(expert)]) == 0
+    assert main(["bench", "--no-expert", *common, "--seq-len", "32", "--train-variants",
+                 "hf_grouped_mm", "ours_grouped_torch_bf16", "--out", str(train)]) == 0
+    assert main(["bench", "--merge", str(expert), str(train), "--out", str(merged)]) == 0
+    report = json.loads(merged.read_text())
+    parts = [json.loads(p.read_text()) for p in (expert, train)]
+    assert report["results"] == parts[0]["results"] + parts[1]["results"]
+    assert report["summary"] == bench.summarize(report["results"])
+    assert report["summary"]["train_step_speedup_vs_hf_grouped_mm"] is not None
+    assert [p["results"] for p in report["parts"]] == [len(p["results"]) for p in parts]
+    assert report["environment"] == parts[0]["environment"]  # with its date, as notebook 05 reads
+
+    other = dict(parts[1], environment=dict(parts[1]["environment"], torch="0.0"))
+    with pytest.raises(ValueError, match=r"different environments \(differ in \['torch'\]\)"):
+        bench.merge_reports([parts[0], other])
+    with pytest.raises(ValueError, match="did not finish"):
+        bench.merge_reports([parts[0], dict(parts[1], complete=False)])

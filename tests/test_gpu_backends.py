@@ -151,7 +151,8 @@ def test_model_fp8_keeps_router_and_lm_head_in_bf16(te):
     bf16_loss = model(ids, targets).loss.item()
     model.set_expert_backend("te_ops").set_precision("fp8")
     layer = model.model.layers[0]
-    assert type(layer.self_attn.q_proj).__name__ == "Linear" and "transformer_engine" in type(layer.self_attn.q_proj).__module__
+    for proj in (layer.self_attn.qkv_proj, layer.self_attn.o_proj):
+        assert type(proj).__name__ == "Linear" and "transformer_engine" in type(proj).__module__
     assert isinstance(layer.mlp.gate, torch.nn.Module) and type(model.lm_head) is torch.nn.Linear
     out = model(ids, targets)
     out.loss.backward()

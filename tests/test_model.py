@@ -127,3 +127,21 @@ def test_rms_norm_is_hf_mixtrals_arithmetic():
     x32 = x.float()  # HF's MixtralRMSNorm, written out
     hf = norm.weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
     torch.testing.assert_close(norm(x), hf, rtol=0, atol=0)
+
+
+def test_compiled_hf_baseline_attends_causally_without_a_mask(monkeypatch):
+    """`hf_baseline.compile_for_training` switches HF to an attention implementation whose mask
+    function returns no mask (so sdpa takes is_causal=True and can use FlashAttention under
+    torch.compile) — with the same loss as HF's own sdpa on unpadded batches."""
+    from moe_tutorial import hf_baseline
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    cfg = preset("tiny")
+    hf = hf_baseline.hf_mixtral(MoEForCausalLM(cfg), "grouped_mm")
+    ids = torch.randint(0, cfg.vocab_size, (2, 24))
+    before = hf_baseline.hf_training_loss(hf, ids)
+    monkeypatch.setattr(torch, "compile", lambda fn: fn)  # compiling itself is slow on a CPU
+    hf = hf_baseline.compile_for_training(hf)
+    assert hf.config._attn_implementation == hf_baseline.CAUSAL_SDPA
+    assert ALL_MASK_ATTENTION_FUNCTIONS[hf_baseline.CAUSAL_SDPA](batch_size=2, q_length=24) is None
+    torch.testing.assert_close(hf_baseline.hf_training_loss(hf, ids), before)

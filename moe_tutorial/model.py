@@ -178,8 +178,8 @@ class Attention(nn.Module):
             self.o_proj.weight.copy_(old)
 
     def hf_projection_weights(self) -> dict[str, torch.Tensor]:
-        """{'q_proj.weight': ..., 'k_proj.weight': ..., 'v_proj.weight': ...} whichever modules
-        hold them (HF's names)."""
+        """The q, k, v weights under HF's names ('q_proj.weight', ...) when they live in the fused
+        `qkv_proj`; empty when they do not (the state dict then has them under those names)."""
         if self.qkv_proj is None:
             return {}
         return {f"{name}.weight": getattr(self.qkv_proj, f"{name}_weight")

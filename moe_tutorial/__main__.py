@@ -81,8 +81,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.merge:
         report = bench.merge_reports([json.load(open(path)) for path in args.merge])
         write(report)
-        print("summary: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in report["summary"].items()))
+        print(bench.format_summary(report["summary"]))
         if args.out:
             print(f"wrote {args.out}")
         return 0

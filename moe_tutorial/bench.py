@@ -489,6 +489,11 @@ def summarize(results: list[dict]) -> dict:
     }
 
 
+def format_summary(summary: dict) -> str:
+    return "summary: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
+                                   for k, v in summary.items())
+
+
 def format_expert_row(r: dict) -> str:
     name = f"{r['shape']:<12} {r['routing']:<8} {r['backend']:<25} {r['precision']:<20}"
     if r.get("status") != "ok":
@@ -569,8 +574,7 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
                                     optimizer=optimizer,
                                     on_result=lambda r: report(r, format_train_row(r, dense, sheet)))
     summary = summarize(results)
-    log("\nsummary: " + ", ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
-                                  for k, v in summary.items()))
+    log("\n" + format_summary(summary))
     return {"environment": env, "dense_bf16_tflops_measured": dense,
             "datasheet_bf16_tflops": sheet, "results": results, "summary": summary}
 

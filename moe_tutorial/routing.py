@@ -163,9 +163,7 @@ def unpermute(rows: torch.Tensor, perm: Permutation, weights: torch.Tensor | Non
     if rows.shape[0] != perm.num_rows:
         raise ValueError(f"expected {perm.num_rows} expert-output rows (the permuted buffer), "
                          f"got {rows.shape[0]}")
-    if weights is None:
-        return _Combine.apply(rows, perm.assignment_rows)
-    return _WeightedCombine.apply(rows, perm.assignment_rows, weights)
+    return _Combine.apply(rows, perm.assignment_rows, weights)
 
 
 # permute and unpermute are each other's adjoints, and their gradients say so. Plain autograd
@@ -219,26 +217,13 @@ class _Dispatch(torch.autograd.Function):
 
 
 class _Combine(torch.autograd.Function):
-    """out[t] = sum_j rows[row of (t, j)]."""
-
-    @staticmethod
-    def forward(ctx, rows, assignment_rows):
-        ctx.save_for_backward(assignment_rows)
-        ctx.num_rows = rows.shape[0]
-        return _sum_rows(rows, assignment_rows, None)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (assignment_rows,) = ctx.saved_tensors
-        return _spread_rows(grad_out, assignment_rows, ctx.num_rows, None), None
-
-
-class _WeightedCombine(torch.autograd.Function):
-    """out[t] = sum_j weights[t, j] * rows[row of (t, j)], weights in fp32."""
+    """out[t] = sum_j weights[t, j] * rows[row of (t, j)]; weights fp32, or None for all ones."""
 
     @staticmethod
     def forward(ctx, rows, assignment_rows, weights):
-        ctx.save_for_backward(rows, assignment_rows, weights)
+        kept_rows = rows if ctx.needs_input_grad[2] else None  # only the weights' gradient reads them
+        ctx.save_for_backward(kept_rows, assignment_rows, weights)
+        ctx.num_rows = rows.shape[0]
         return _sum_rows(rows, assignment_rows, weights)
 
     @staticmethod
@@ -246,7 +231,7 @@ class _WeightedCombine(torch.autograd.Function):
         rows, assignment_rows, weights = ctx.saved_tensors
         grad_rows = grad_weights = None
         if ctx.needs_input_grad[0]:
-            grad_rows = _spread_rows(grad_out, assignment_rows, rows.shape[0], weights)
+            grad_rows = _spread_rows(grad_out, assignment_rows, ctx.num_rows, weights)
         if ctx.needs_input_grad[2]:  # d out[t] / d weights[t, j] = rows[row of (t, j)], in fp32
             accumulate = torch.promote_types(grad_out.dtype, torch.float32)
             grad = grad_out.to(accumulate)

@@ -54,7 +54,10 @@ def _train(args: argparse.Namespace) -> int:
           f"{final:.3f} nats; unigram baseline {data.unigram_nats:.3f} ({final - data.unigram_nats:+.3f})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "device": device, "settings": {k: v for k, v in vars(args).items() if k != "run"},
+            from .bench import environment
+
+            json.dump({"preset": args.preset, "device": device, "environment": environment(),
+                       "settings": {k: v for k, v in vars(args).items() if k != "run"},
                        "unigram_nats": data.unigram_nats, "val_loss_start": start, "val_loss_final": final,
                        "history": history}, f, indent=1)
     return 0
@@ -105,6 +108,59 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _write_json(doc: dict, path: str) -> None:
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def _blackwell_dry_run(args: argparse.Namespace) -> int:
+    from .blackwell import dry_run
+
+    try:
+        report = dry_run()
+    except RuntimeError as exc:  # no TE or no GPU here: one line, not a traceback
+        print(f"blackwell-dry-run: {exc}", file=sys.stderr)
+        return 2
+    _write_json(report, args.out)
+    print(json.dumps(report["summary"], indent=1))
+    agree = all(s["all_cases_agree_with_why_unfused"] for k, s in report["summary"].items()
+                if k != "fused_selected")
+    return 0 if report["summary"]["fused_selected"] and agree else 1
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .blackwell import validate
+
+    report = validate()
+    _write_json(report, args.out)
+    for what, why in report["skipped"].items():
+        print(f"skipped {what}: {why}")
+    return 0 if report["gpu_tests"]["exit_code"] == 0 else 1
+
+
+def _docs(args: argparse.Namespace) -> int:
+    from . import docs
+
+    readme = args.readme or docs.README
+    try:
+        if not args.check:
+            print(f"{readme}: " + ("regions rewritten" if docs.write(readme) else "up to date"))
+            return 0
+        problems = docs.check(readme)
+    except ValueError as exc:  # markers lost or broken in an edit: say which, no traceback
+        print(f"{readme}: {exc}", file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{readme}: {len(problems)} region(s) disagree with benchmarks/results/; "
+              "run `python -m moe_tutorial docs` to regenerate them", file=sys.stderr)
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m moe_tutorial", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +209,24 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--profile", nargs="+", default=None,
                     help="also print a torch.profiler table of these training-step variants")
     be.set_defaults(run=_bench)
+
+    dry = sub.add_parser("blackwell-dry-run",
+                         help="TE's own fusion decision for the course's te_ops MLP, as on a B200 "
+                              "(needs TE on any CUDA GPU)")
+    dry.add_argument("--out", default="benchmarks/results/h200_blackwell_dry_run.json")
+    dry.set_defaults(run=_blackwell_dry_run)
+
+    va = sub.add_parser("validate", help="on a B200 (or any GPU): GPU tests, fused-path check, "
+                                         "one timed step per variant, in one JSON")
+    va.add_argument("--out", default="report.json")
+    va.set_defaults(run=_validate)
+
+    dc = sub.add_parser("docs", help="rewrite the README's generated regions from "
+                                     "benchmarks/results/ (--check: fail where they disagree)")
+    dc.add_argument("--check", action="store_true",
+                    help="change nothing; exit 1 with a diff per region that disagrees")
+    dc.add_argument("--readme", default=None, help="the README to render (default: the repo's)")
+    dc.set_defaults(run=_docs)
 
     args = parser.parse_args(argv)
     return args.run(args)

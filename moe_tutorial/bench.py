@@ -124,8 +124,9 @@ EXPERT_SHAPES = {s.name: s for s in (
 )}
 ROUTINGS = ("balanced", "skewed")
 
-# Dense bf16 tensor-core peaks from NVIDIA's datasheets (no sparsity), TFLOP/s.
+# Dense tensor-core peaks from NVIDIA's datasheets (no sparsity), TFLOP/s, per precision.
 DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "B200": 2250.0, "B300": 2250.0}
+DATASHEET_FP8_TFLOPS = {"H100": 1978.9, "H200": 1978.9, "B200": 4500.0, "B300": 4500.0}
 
 # Relative error (Frobenius norm) a variant's output may have against the bf16 loop before it is
 # timed. bf16: the same math summed in another order (~1e-3 seen). FP8 (E4M3, 3 mantissa bits):
@@ -165,18 +166,71 @@ def environment() -> dict:
 
 
 def dense_matmul_tflops(device, n: int = 8192, dtype=torch.bfloat16) -> float:
-    """Measured rate of one large dense matmul: the ceiling MFU is quoted against."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    t = time_fn(lambda: a @ b, warmup=3, iters=10, device=device)
+    """Measured rate of one large dense matmul: the ceiling MFU is quoted against. For
+    `torch.float8_e4m3fn` it times `torch._scaled_mm` (E4M3 × E4M3 with per-tensor scales,
+    bf16 output: the FP8 GEMM TE's per-tensor recipes run)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    if dtype == torch.float8_e4m3fn:
+        one = torch.ones((), device=device)
+        b = b.t()  # _scaled_mm takes its second operand column-major
+        fn = lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)  # noqa: E731
+    else:
+        fn = lambda: a @ b  # noqa: E731
+    t = time_fn(fn, warmup=3, iters=10, device=device)
     return tflops(2 * n ** 3, t.median_ms)
 
 
-def datasheet_tflops(gpu_name: str | None) -> float | None:
-    for key, value in DATASHEET_BF16_TFLOPS.items():
+def datasheet_tflops(gpu_name: str | None, precision: str = "bf16") -> float | None:
+    """NVIDIA's dense peak of `precision` ("bf16" or "fp8") for this GPU; None if unknown."""
+    table = {"bf16": DATASHEET_BF16_TFLOPS, "fp8": DATASHEET_FP8_TFLOPS}[precision]
+    for key, value in table.items():
         if gpu_name and key in gpu_name:
             return value
     return None
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """The rates MFU is quoted against, per precision: measured in this run (a large dense
+    matmul) and from the datasheet. MFU of a run = its TFLOP/s over the peak of ITS precision
+    (the BioNeMo recipe's convention; torchtitan divides FP8 runs by the bf16 peak instead, so
+    the tables show that too, labelled)."""
+
+    bf16_measured: float | None = None
+    bf16_datasheet: float | None = None
+    fp8_measured: float | None = None
+    fp8_datasheet: float | None = None
+
+    def of(self, precision: str) -> tuple[float | None, float | None]:
+        """(measured, datasheet) peak of "bf16" or "fp8"."""
+        if precision == "fp8":
+            return self.fp8_measured, self.fp8_datasheet
+        return self.bf16_measured, self.bf16_datasheet
+
+    def to_dict(self) -> dict:
+        return {"dense_bf16_tflops_measured": self.bf16_measured,
+                "datasheet_bf16_tflops": self.bf16_datasheet,
+                "dense_fp8_tflops_measured": self.fp8_measured,
+                "datasheet_fp8_tflops": self.fp8_datasheet}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> Peaks:
+        """From a benchmark JSON (older files have no FP8 peaks: those stay None)."""
+        return cls(doc.get("dense_bf16_tflops_measured"), doc.get("datasheet_bf16_tflops"),
+                   doc.get("dense_fp8_tflops_measured"), doc.get("datasheet_fp8_tflops"))
+
+
+def measure_peaks(device, gpu_name: str | None = None) -> Peaks:
+    """Peaks of this device: both dense rates measured on a GPU (FP8 where the GPU has FP8
+    tensor cores, compute capability >= 8.9), datasheet values by GPU name; nothing on a CPU."""
+    if torch.device(device).type != "cuda":
+        return Peaks()
+    gpu_name = gpu_name or torch.cuda.get_device_name(device)
+    has_fp8 = torch.cuda.get_device_capability(device) >= (8, 9)
+    return Peaks(dense_matmul_tflops(device), datasheet_tflops(gpu_name),
+                 dense_matmul_tflops(device, dtype=torch.float8_e4m3fn) if has_fp8 else None,
+                 datasheet_tflops(gpu_name, "fp8"))
 
 
 def peak_memory_gb(device=None) -> float | None:
@@ -375,6 +429,11 @@ def _build_train_variant(variant: str, config, device):
     return _build_ours(config, device, *OUR_VARIANTS[variant])
 
 
+def train_precision(variant: str) -> str:
+    """"fp8" or "bf16": the precision of a training variant's large GEMMs (its MFU's peak)."""
+    return "fp8" if variant.endswith("_fp8") else "bf16"
+
+
 def model_flops_per_token(config, seq_len: int) -> float:
     """Training FLOPs per token: 6 × active parameters (matmuls, forward + backward) plus
     attention's score and value products, 6 × 2 × layers × seq_len × hidden (causal masking not
@@ -405,7 +464,7 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
     results = []
     for variant in variants:
         row = dict(part="train", variant=variant, batch=batch, seq_len=seq_len, tokens=tokens,
-                   flops=flops_per_step)
+                   flops=flops_per_step, precision=train_precision(variant))
         loss_fn = module = opt = None
         try:
             _reset_memory(device)
@@ -417,7 +476,7 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
             if reference_loss is None:
                 reference_loss = first_loss
             row.update(first_loss=first_loss, loss_diff=abs(first_loss - reference_loss))
-            kind = "fp8" if variant.endswith("_fp8") else "bf16"
+            kind = row["precision"]
             row["loss_tolerance"] = 0.05 if kind == "fp8" else 0.02  # nats, at initial loss ~ln V
             if row["loss_diff"] > row["loss_tolerance"]:
                 row["status"] = "wrong"
@@ -504,20 +563,29 @@ def format_expert_row(r: dict) -> str:
             f"{r['rel_error']:9.2e} {mem:>6}")
 
 
-def format_train_row(r: dict, dense: float | None, datasheet: float | None) -> str:
+def _mfu(tflops_: float, peaks: tuple[float | None, float | None]) -> str:
+    """'measured% / datasheet%' of one peak pair, '-' for a peak this run does not have."""
+    return " / ".join(f"{100 * tflops_ / p:4.1f}%" if p else "-" for p in peaks)
+
+
+def format_train_row(r: dict, peaks: Peaks) -> str:
     name = f"{r['variant']:<30}"
     if r.get("status") != "ok":
         return f"{name} {r.get('status', '?').upper():>9}  {r.get('error', '') or r.get('loss_diff', '')}"
-    mfu = lambda peak: f"{100 * r['tflops'] / peak:5.1f}%" if peak else "    -"  # noqa: E731
+    precision = r.get("precision") or train_precision(r["variant"])
     mem = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") is not None else "-"
     return (f"{name} {r['median_ms']:9.1f} {r['tokens_per_s']:11,.0f} {r['tflops']:8.3g} "
-            f"{mfu(dense)} {mfu(datasheet)} {mem:>6} {r['loss_diff']:9.1e}")
+            f"{precision:>5} {_mfu(r['tflops'], peaks.of(precision)):>15} "
+            f"{_mfu(r['tflops'], peaks.of('bf16')):>15} {mem:>6} {r['loss_diff']:9.1e}")
 
 
 EXPERT_HEADER = (f"{'shape':<12} {'routing':<8} {'backend':<25} {'precision':<20} {'ms':>9} "
                  f"{'TFLOP/s':>8} {'vs loop':>8} {'rel.err':>9} {'GB':>6}")
-TRAIN_HEADER = (f"{'variant':<30} {'ms/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'MFU*':>6} "
-                f"{'MFU**':>6} {'GB':>6} {'Δloss0':>9}")
+TRAIN_HEADER = (f"{'variant':<30} {'ms/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'prec.':>5} "
+                f"{'MFU own peak':>15} {'MFU bf16 peak':>15} {'GB':>6} {'Δloss0':>9}")
+MFU_LEGEND = ("MFU own peak: TFLOP/s over the dense peak of the row's precision (bf16 rows: bf16, "
+              "FP8 rows: FP8), measured in this run / datasheet; MFU bf16 peak: over the bf16 "
+              "peak for every row (torchtitan's convention)")
 
 
 def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
@@ -536,10 +604,12 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
     env = environment()
     log(f"benchmark on {env['gpu'] or 'CPU'}: torch {env['torch']}, TE "
         f"{env['transformer_engine'] or 'absent'}, transformers {env['transformers']}")
-    dense = dense_matmul_tflops(device) if on_gpu else None
-    sheet = datasheet_tflops(env["gpu"])
-    if dense:
-        log(f"dense bf16 matmul (8192^3) measured: {dense:.0f} TFLOP/s; datasheet: {sheet}")
+    peaks = measure_peaks(device, env["gpu"])
+    if on_gpu:
+        log(f"dense matmul (8192^3) measured: bf16 {peaks.bf16_measured:.0f} TFLOP/s (datasheet "
+            f"{peaks.bf16_datasheet}), FP8 "
+            + (f"{peaks.fp8_measured:.0f}" if peaks.fp8_measured else "-")
+            + f" TFLOP/s (datasheet {peaks.fp8_datasheet})")
     results = []
 
     def report(row, line):
@@ -567,16 +637,15 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
             f"{config.num_experts} experts × {config.intermediate_size}, top-{config.top_k}), "
             f"batch {batch} × {seq_len}: forward + backward + optimizer step, median of {iters}.\n"
             f"TFLOP/s = (6 × {config.active_params_per_token():,} active params + 12 × layers × "
-            f"seq × hidden) × tokens / time; MFU* vs measured dense matmul, MFU** vs datasheet\n"
+            f"seq × hidden) × tokens / time. {MFU_LEGEND}\n"
             f"{TRAIN_HEADER}")
         results += bench_train_step(config, variants, batch=batch, seq_len=seq_len, device=device,
                                     warmup=warmup if on_gpu else 1, iters=iters,
                                     optimizer=optimizer,
-                                    on_result=lambda r: report(r, format_train_row(r, dense, sheet)))
+                                    on_result=lambda r: report(r, format_train_row(r, peaks)))
     summary = summarize(results)
     log("\n" + format_summary(summary))
-    return {"environment": env, "dense_bf16_tflops_measured": dense,
-            "datasheet_bf16_tflops": sheet, "results": results, "summary": summary}
+    return {"environment": env, **peaks.to_dict(), "results": results, "summary": summary}
 
 
 def merge_reports(reports: list[dict]) -> dict:
@@ -598,10 +667,9 @@ def merge_reports(reports: list[dict]) -> dict:
     results = [row for r in reports for row in r["results"]]
     return {"environment": reports[0]["environment"],  # its date: when the run started
             "parts": [{"date": r["environment"].get("date"),
-                       "dense_bf16_tflops_measured": r.get("dense_bf16_tflops_measured"),
-                       "results": len(r["results"])} for r in reports],
-            "dense_bf16_tflops_measured": reports[-1].get("dense_bf16_tflops_measured"),
-            "datasheet_bf16_tflops": reports[0].get("datasheet_bf16_tflops"),
+                       **Peaks.from_dict(r).to_dict(), "results": len(r["results"])}
+                      for r in reports],
+            **Peaks.from_dict(reports[-1]).to_dict(),
             "results": results, "summary": summarize(results), "complete": True}
 
 

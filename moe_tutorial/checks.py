@@ -1338,7 +1338,8 @@ def check_te_ops_expert_layer(learner_fn) -> bool:
 _ALIGN_WHY = {
     "MXFP8BlockScaling": "its scales cover 32 rows when the weight-gradient GEMM reads the "
                          "activations column-wise",
-    "Float8BlockScaling": "it quantizes in 128-row tiles",
+    "Float8BlockScaling": "TE's get_align_size_for_quantization pads every recipe but MXFP8 and "
+                          "NVFP4 to 16 rows; block scaling's 1x128 and 128x128 tiles do not raise it",
     "Float8CurrentScaling": "FP8 tensor-core GEMMs need row counts that are multiples of 16",
     "DelayedScaling": "FP8 tensor-core GEMMs need row counts that are multiples of 16",
     quant.EMULATED_MXFP8: "MXFP8's blocks are 32 values (the emulation pads like the real recipe)",
@@ -1363,6 +1364,8 @@ def _recipe_cases() -> list[Case]:
         ("an H200 without Transformer Engine", env("hopper", te_version=None, te_support={},
                                                    te_import_error="ImportError: No module named "
                                                                    "'transformer_engine'")),
+        ("RTX PRO 6000 (Blackwell, compute capability 12.0: TE refuses MXFP8)",
+         env("rtx_blackwell")),
     ]
     cases = []
     for name, environment in machines:

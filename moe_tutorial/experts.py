@@ -25,9 +25,16 @@ parameters (`weight0 .. weight{E-1}`), so switching to them converts the weights
   in between, routing weights applied when the outputs are merged back.
 * `te_ops` — `TEOpsExperts`: `te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)`;
   the routing weights enter `ScaledSwiGLU`, so the whole expert MLP is one fusible op chain. On
-  Blackwell with MXFP8, TE can fuse it into one CuTe-DSL kernel; that kernel wants the gate and
-  up rows interleaved in blocks of 32 (`glu_interleave_size=32`), which the weight conversion
-  does (`interleave_glu`).
+  a B200/B300 (compute capability 10.x) with MXFP8 (or NVFP4), TE's fuser can replace the chain
+  by `GroupedMLP_CuTeGEMMGLU` (TE 2.20, `ops/fused/grouped_mlp.py`). That is not one kernel:
+  forward, ONE CuTe-DSL kernel runs FC1's grouped GEMM + SwiGLU + the routing-weight scale +
+  the MXFP8 quantization of its output, then FC2 runs as a SEPARATE grouped GEMM
+  (`grouped_gemm_quant_wrapper_sm100`); backward, FC2's dgrad is fused with dSwiGLU and the
+  routing weights' gradient, while FC2's wgrad, FC1's dgrad and FC1's wgrad are separate
+  grouped GEMMs. The fused kernels want the gate and up rows interleaved in blocks of 32
+  (`glu_interleave_size=32`), which the weight conversion does (`interleave_glu`).
+  `why_unfused` says which conditions make TE silently keep the three ops, `why_fused_raises`
+  which shapes make the fused op raise instead.
 
 On a GPU both use TE's permutation kernels (`moe_permute_and_pad_with_probs` / `moe_unpermute`),
 padding each expert's rows to `align` (what the active FP8 recipe needs). Without TE (a CPU) they
@@ -50,8 +57,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import hardware
+from . import hardware, quant
 from .routing import permute, unpermute
+
+# The fused grouped MLP's shape rules (TE 2.20, ops/fused/grouped_mlp.py; the 256 from TE's
+# docs/examples/te_mixtral/te_moe_dispatch.py: the cuDNN kernel rejects per-expert row counts that
+# are not multiples of 256). Breaking a condition of the first line makes TE's fuser keep the
+# unfused ops; of the second, makes the fused op raise.
+FUSED_MLP_GLU_INTERLEAVE, FUSED_MLP_FEATURE_MULTIPLE = 32, 64
+FUSED_MLP_ROWS_PER_EXPERT, FUSED_MLP_TOTAL_ROWS_MULTIPLE = 256, 128
 
 TORCH_BACKENDS = ("naive", "grouped_torch")
 TE_BACKENDS = ("te_grouped_linear", "te_ops")
@@ -73,9 +87,14 @@ def swiglu(gate_up: torch.Tensor, glu_interleave_size: int | None = None) -> tor
 def scaled_swiglu(gate_up: torch.Tensor, scales: torch.Tensor,
                   glu_interleave_size: int | None = None) -> torch.Tensor:
     """TE's `ScaledSwiGLU` in PyTorch: SwiGLU of each row times that row's scale (its routing
-    weight), computed in fp32 and returned in the input's dtype."""
-    out = swiglu(gate_up.float(), glu_interleave_size) * scales.float().unsqueeze(-1)
-    return out.to(gate_up.dtype)
+    weight), returned in the compute dtype.
+
+    As TE 2.20 does (`ops/basic/swiglu.py`, `_ScaledGLU.fuser_forward`), the scales are first
+    cast to the compute dtype — CUDA autocast's dtype when autocast is on, else the input's — so
+    fp32 routing weights are applied rounded to bf16; the product is then formed in fp32."""
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled() else gate_up.dtype
+    scales = scales.to(dtype).float().unsqueeze(-1)
+    return (swiglu(gate_up.to(dtype).float(), glu_interleave_size) * scales).to(dtype)
 
 
 def interleave_glu(gate_up_weight: torch.Tensor, block: int) -> torch.Tensor:
@@ -377,25 +396,55 @@ class TEGroupedLinearExperts(_TEExperts):
         return d.combine(y, True)
 
 
-def why_unfused(capabilities: hardware.Capabilities, recipe_name: str | None,
-                glu_interleave_size: int | None, hidden_size: int, intermediate_size: int,
-                align: int) -> list[str]:
-    """Every reason TE would not fuse the te.ops grouped MLP here (empty: it should fuse).
-    The conditions are TE 2.20's (`ops/fused/grouped_mlp.py`)."""
+def why_unfused(capabilities: hardware.Capabilities, recipe, glu_interleave_size: int | None,
+                hidden_size: int, intermediate_size: int) -> list[str]:
+    """Every reason TE's fuser would silently keep the te.ops grouped MLP unfused here (empty:
+    it fuses). `recipe`: None (bf16), a recipe name, a `quant.RecipeSpec` or a TE recipe.
+
+    TE 2.20's conditions (`ops/fused/grouped_mlp.py`): `GroupedMLP_CuTeGEMMGLU.is_supported()`
+    (the environment variable, compute capability 10.x, cudnn-frontend >= 1.23, the kernels
+    importable: the capability table's `fused_grouped_mlp` row), then in `fuse_grouped_mlp_ops`
+    an MXFP8 recipe with an E4M3 backward format or an NVFP4 recipe with its random Hadamard
+    transform, FC1/FC2 feature sizes multiples of 64 and `glu_interleave_size=32`. Row counts are
+    not among them: once fused, bad row counts raise (`why_fused_raises`)."""
     reasons = []
     fused = capabilities["fused_grouped_mlp"]
     if fused.status != hardware.NATIVE:
         reasons.append(fused.reason)
-    if recipe_name != "MXFP8BlockScaling":
-        reasons.append(f"the fused kernel needs the MXFP8 recipe (E4M3), this runs "
-                       f"{recipe_name or 'bf16 (no recipe)'}")
-    if glu_interleave_size != 32:
-        reasons.append(f"it needs glu_interleave_size=32, this uses {glu_interleave_size}")
-    if hidden_size % 64 or intermediate_size % 64:
-        reasons.append(f"feature sizes must be multiples of 64 (hidden {hidden_size}, "
-                       f"intermediate {intermediate_size})")
-    if align % 256:
-        reasons.append(f"expert row counts must be padded to 256, this pads to {align}")
+    spec = quant.recipe_spec(recipe)
+    if spec is None or spec.name not in ("MXFP8BlockScaling", "NVFP4BlockScaling"):
+        reasons.append(f"the fused kernel needs an MXFP8 or NVFP4 recipe, this runs "
+                       f"{spec.name if spec else 'bf16 (no recipe)'}")
+    elif spec.name == "MXFP8BlockScaling" and spec.backward_format != "E4M3":
+        reasons.append(f"MXFP8 with fp8_format={spec.fp8_format} has an {spec.backward_format} "
+                       f"backward pass; the fused kernel reads gradients as E4M3 (use Format.E4M3)")
+    elif spec.name == "NVFP4BlockScaling" and spec.disable_rht:
+        reasons.append("NVFP4 with disable_rht=True; the fused kernel's grouped quantization "
+                       "needs the random Hadamard transform")
+    if glu_interleave_size != FUSED_MLP_GLU_INTERLEAVE:
+        reasons.append(f"it needs glu_interleave_size={FUSED_MLP_GLU_INTERLEAVE}, this uses "
+                       f"{glu_interleave_size}")
+    if hidden_size % FUSED_MLP_FEATURE_MULTIPLE or intermediate_size % FUSED_MLP_FEATURE_MULTIPLE:
+        reasons.append(f"feature sizes must be multiples of {FUSED_MLP_FEATURE_MULTIPLE} (hidden "
+                       f"{hidden_size}, intermediate {intermediate_size})")
+    return reasons
+
+
+def why_fused_raises(m_splits) -> list[str]:
+    """The shape conditions under which the fused grouped MLP, once TE chose it, raises instead
+    of running: a total row count not divisible by 128 (TE's `ValueError` in `fuser_forward`)
+    and per-expert row counts that are not multiples of 256 (the cuDNN kernel). Padding every
+    expert to `FUSED_MLP_ROWS_PER_EXPERT` rows satisfies both."""
+    splits = [int(n) for n in torch.as_tensor(m_splits).reshape(-1).tolist()]
+    reasons = []
+    if sum(splits) % FUSED_MLP_TOTAL_ROWS_MULTIPLE:
+        reasons.append(f"{sum(splits)} rows in all is not a multiple of "
+                       f"{FUSED_MLP_TOTAL_ROWS_MULTIPLE} (TE raises ValueError)")
+    ragged = [e for e, n in enumerate(splits) if n % FUSED_MLP_ROWS_PER_EXPERT]
+    if ragged:
+        reasons.append(f"expert(s) {ragged[:8]}{'...' if len(ragged) > 8 else ''} have row "
+                       f"counts that are not multiples of {FUSED_MLP_ROWS_PER_EXPERT} (the cuDNN "
+                       f"kernel rejects them): pad with align={FUSED_MLP_ROWS_PER_EXPERT}")
     return reasons
 
 
@@ -456,7 +505,7 @@ class TEOpsExperts(_TEExperts):
             else:
                 reasons = why_unfused(hardware.capabilities(), self.recipe_name,
                                       self.glu_interleave_size, self.hidden_size,
-                                      self.intermediate_size, self.align)
+                                      self.intermediate_size)
                 why = "; ".join(reasons) or "TE's fuser declined (conditions above all met)"
                 if self.require_fused:
                     raise RuntimeError(f"te.ops grouped MLP ran unfused and require_fused=True: {why}")

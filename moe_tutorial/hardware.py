@@ -4,7 +4,9 @@ The course runs on three kinds of machine (see the README's hardware matrix):
 
 * CPU only: everything runs, the GPU features through pure-PyTorch counterparts;
 * Hopper (H100/H200, sm_90): grouped GEMMs, TE FP8 (current/delayed/block scaling), te.ops unfused;
-* Blackwell (B200/B300, sm_100): additionally MXFP8 and the fused CuTe-DSL grouped MLP.
+* Blackwell (B200/B300, sm_100/sm_103): additionally MXFP8 and the fused CuTe-DSL grouped MLP.
+  TE runs MXFP8 on compute capability 10.x-11.x only (`_compute_mxfp8_support` rejects 12.x,
+  the RTX-class Blackwell GPUs) and the fused grouped MLP on 10.x only.
 
 `detect()` gathers the facts (GPU, versions, and TE's own `is_*_available(return_reason=True)`
 answers where TE imports) into an `Environment`; `evaluate(env)` turns them into the feature
@@ -26,7 +28,10 @@ import torch
 
 NATIVE, FALLBACK, UNAVAILABLE = "native", "fallback", "unavailable"
 
-# The environment variable TE reads at import time to register the fused CuTe-DSL grouped MLP.
+# The environment variable that enables the fused CuTe-DSL grouped MLP. TE 2.20 reads it in
+# `GroupedMLP_CuTeGEMMGLU.is_supported()`, an lru_cached classmethod that the module
+# `ops/fused/grouped_mlp.py` calls once when `transformer_engine.pytorch` is imported, to decide
+# whether to register the fusion at all: set it before that import; later changes are not seen.
 FUSED_MLP_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
 # Oldest nvidia-cudnn-frontend with the fused grouped MLP kernel.
 FUSED_MLP_MIN_CUDNN_FRONTEND = (1, 23)
@@ -73,6 +78,9 @@ class Environment:
     te_support: dict = field(default_factory=dict)
     cudnn_frontend_version: str | None = None
     fused_mlp_env_set: bool = False
+    # TE's own answer, where TE imported: is its fused grouped MLP fusion registered with the
+    # op fuser (GroupedMLP_CuTeGEMMGLU.is_supported() was true at import)? None: not asked.
+    te_fused_mlp_registered: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,7 @@ def detect(import_te: bool = True) -> Environment:
         has_grouped_mm=hasattr(torch, "_grouped_mm") or hasattr(torch.nn.functional, "grouped_mm"),
         transformers_version=_version("transformers"),
         cudnn_frontend_version=_version("nvidia-cudnn-frontend"),
-        fused_mlp_env_set=os.environ.get(FUSED_MLP_ENV) == "1",
+        fused_mlp_env_set=fused_mlp_env_enabled(os.environ.get(FUSED_MLP_ENV)),
     )
     if cuda:
         env = replace(
@@ -182,7 +190,26 @@ def detect(import_te: bool = True) -> Environment:
         return replace(env, te_version=te_dist, te_import_error=error)
     te_root = importlib.import_module("transformer_engine")
     return replace(env, te_version=getattr(te_root, "__version__", te_dist),
-                   te_support=_te_support(te))
+                   te_support=_te_support(te), te_fused_mlp_registered=_te_fused_mlp_registered())
+
+
+def fused_mlp_env_enabled(value: str | None) -> bool:
+    """TE's reading of NVTE_CUTEDSL_FUSED_GROUPED_MLP: an integer > 0 enables the fusion (TE
+    itself raises ValueError at import on a value that is not an integer)."""
+    try:
+        return int(value or "0") > 0
+    except ValueError:
+        return False
+
+
+def _te_fused_mlp_registered() -> bool | None:
+    """Whether TE registered its joint GroupedLinear + ScaledSwiGLU + GroupedLinear fusion."""
+    try:
+        from transformer_engine.pytorch.ops.fused import grouped_mlp
+        from transformer_engine.pytorch.ops.fuser import OperationFuser
+    except ImportError:  # another TE version: say nothing rather than guess
+        return None
+    return grouped_mlp.fuse_glu_ops in OperationFuser.forward_backward_fusion_functions
 
 
 def _driver_version() -> str | None:
@@ -252,7 +279,7 @@ def evaluate(env: Environment) -> Capabilities:
         put("mxfp8", NATIVE, "te.autocast(recipe=MXFP8BlockScaling())")
     elif te_ok and block_ok:
         put("mxfp8", FALLBACK, "FP8 block scaling for training; MXFP8 numerics emulated",
-            mx_reason or "MXFP8 GEMMs need Blackwell (compute capability 10.x)")
+            mx_reason or "TE runs MXFP8 on compute capability 10.x-11.x only")
     else:
         put("mxfp8", FALLBACK, "MXFP8 numerics emulated in PyTorch (moe_tutorial.quant)",
             mx_reason if te_ok else no_te)
@@ -268,7 +295,7 @@ def evaluate(env: Environment) -> Capabilities:
     if not te_ok:
         fused_missing.append(no_te)
     if cc[0] != 10:
-        fused_missing.append("needs a Blackwell GPU (compute capability 10.x), this is "
+        fused_missing.append("needs compute capability 10.x (B200/B300), this is "
                              + (f"{cc[0]}.{cc[1]}" if gpu else "a CPU"))
     if te_ok and not mx_ok and cc[0] == 10:
         fused_missing.append(f"MXFP8 is not available ({mx_reason})")
@@ -278,6 +305,9 @@ def evaluate(env: Environment) -> Capabilities:
                              f"(found {env.cudnn_frontend_version or 'none'})")
     if not env.fused_mlp_env_set:
         fused_missing.append(f"{FUSED_MLP_ENV}=1 was not set before TE was imported")
+    if not fused_missing and env.te_fused_mlp_registered is False:
+        fused_missing.append("TE did not register the fusion at import (its is_supported() was "
+                             "false: are cuDNN's CuTe-DSL grouped GEMM kernels importable?)")
     if fused_missing:
         runs = ("te.ops grouped MLP, unfused" if te_ok and gpu
                 else "pure-PyTorch composition of the same three ops")
@@ -314,7 +344,8 @@ def capabilities(import_te: bool = True) -> Capabilities:
 
 def fake_environment(kind: str, **overrides) -> Environment:
     """A plausible environment for tests and for showing what another machine would run:
-    `cpu`, `hopper` (H200 with TE) or `blackwell` (B200 with TE and the fused MLP enabled)."""
+    `cpu`, `hopper` (H200 with TE), `blackwell` (B200 with TE and the fused MLP enabled) or
+    `rtx_blackwell` (compute capability 12.0, where TE 2.20 refuses MXFP8)."""
     base = dict(torch_version=torch.__version__, has_grouped_mm=True, transformers_version="5.17.0")
     if kind == "cpu":
         env = Environment(**base, te_import_error="ImportError: No module named 'transformer_engine'")
@@ -331,6 +362,15 @@ def fake_environment(kind: str, **overrides) -> Environment:
             gpu_count=1, cuda_version="13.0", te_version="2.20.2", cudnn_frontend_version="1.23.0",
             fused_mlp_env_set=True,
             te_support={"fp8": (True, ""), "fp8_block_scaling": (True, ""), "mxfp8": (True, "")})
+    elif kind == "rtx_blackwell":
+        env = Environment(
+            **base, cuda_available=True, gpu_name="NVIDIA RTX PRO 6000 Blackwell",
+            compute_capability=(12, 0), gpu_count=1, cuda_version="13.0", te_version="2.20.2",
+            cudnn_frontend_version="1.23.0", fused_mlp_env_set=True,
+            te_support={"fp8": (True, ""), "fp8_block_scaling": (True, ""),
+                        "mxfp8": (False, "MXFP8 (for all gemm layouts) is not supported on 12.0+ "
+                                         "architectures yet.")})
     else:
-        raise ValueError(f"unknown machine kind {kind!r}; choose cpu, hopper or blackwell")
+        raise ValueError(f"unknown machine kind {kind!r}; choose cpu, hopper, blackwell or "
+                         f"rtx_blackwell")
     return replace(env, **overrides)

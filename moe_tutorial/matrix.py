@@ -214,25 +214,28 @@ def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple
     from .bench import datasheet_tflops, environment
 
     env = {**environment(), "gpus_used": gpus}
-    peak = datasheet_tflops(env["gpu"])
+    peaks = {precision: datasheet_tflops(env["gpu"], precision) for precision in PRECISIONS}
     config = preset(settings.preset)
     report = {"environment": env, "model": model_description(settings.preset),
               "settings": {**asdict(settings), "tokens_per_gpu_per_step":
                            settings.batch * settings.seq_len,
                            "backend": backend[0], "backend_reason": backend[1],
                            "optimizer": "torch AdamW (fused on a GPU), both models"},
-              "peak_bf16_tflops_per_gpu": peak,
+              "peak_bf16_tflops_per_gpu": peaks["bf16"],
+              "peak_fp8_tflops_per_gpu": peaks["fp8"],
               "conventions": (
                   "PFLOP/s per GPU = 6 x active params per token x tokens/s/GPU (the recipe's "
                   "convention; attention's score products not counted); MFU = that / the "
-                  "datasheet dense bf16 peak (bench.DATASHEET_BF16_TFLOPS). ms/step: the slowest rank's median; tokens/s and "
+                  "datasheet dense peak of the run's precision (bf16 runs: "
+                  "bench.DATASHEET_BF16_TFLOPS, FP8 runs: bench.DATASHEET_FP8_TFLOPS, the "
+                  "recipe's convention). ms/step: the slowest rank's median; tokens/s and "
                   "PFLOP/s: mean over ranks; peak memory (torch's allocations, GiB) and NCCL "
                   "kernel ms per step (torch.profiler, waiting for peers included): the "
                   "largest rank."),
               "rows": [], "complete": False}
     for i, run in enumerate(runs, 1):
         log(f"[{i}/{len(runs)}] {run.label} {run.layout} {run.precision} ...")
-        row = run_one(run, settings, gpus, peak, timeout)
+        row = run_one(run, settings, gpus, peaks[run.precision], timeout)
         row["predicted_state_gib"] = predicted_state_gib(config, run.dp, run.ep, run.precision)
         report["rows"].append(row)
         log("    " + row_summary(row))
@@ -280,6 +283,15 @@ def precision_label(row: dict) -> str:
     return "fp32" if ran_fp32 else row["precision"]
 
 
+def row_mfu(row: dict, gpu_name: str | None) -> float | None:
+    """A row's PFLOP/s per GPU over the datasheet peak of its precision (computed, not read from
+    the row: reports written before FP8 rows had their own peak divided FP8 by the bf16 peak)."""
+    from .bench import datasheet_tflops
+
+    peak = datasheet_tflops(gpu_name, row["precision"])
+    return row["pflops_per_gpu"] * 1e3 / peak if peak else None
+
+
 def row_summary(row: dict) -> str:
     if row["status"] != "ok":
         return f"{row['status']}: {failure_reason(row)}"
@@ -302,7 +314,8 @@ def markdown_table(report: dict) -> str:
         f"transformers {env.get('transformers') or '–'}; median of {settings['iters']} timed "
         f"steps after {settings['warmup']} warm-up steps.",
         "",
-        "| model | layout | precision | ms/step | tokens/s per GPU | PFLOP/s per GPU | MFU "
+        "| model | layout | precision | ms/step | tokens/s per GPU | PFLOP/s per GPU "
+        "| MFU (datasheet peak of its precision) "
         "| vs HF | peak GB per GPU | all-to-all ms | all-reduce ms | status |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -313,7 +326,8 @@ def markdown_table(report: dict) -> str:
             vs_hf = row["tokens_per_s_per_gpu"] / hf["tokens_per_s_per_gpu"] if hf else None
             cells += [_number(row["median_ms"], ".1f"),
                       _number(row["tokens_per_s_per_gpu"], ",.0f"),
-                      _number(row["pflops_per_gpu"], ".3f"), _percent(row["mfu"]),
+                      _number(row["pflops_per_gpu"], ".3f"),
+                      _percent(row_mfu(row, env.get("gpu"))),
                       _number(vs_hf, ".2f"), _number(row["peak_memory_gb"], ".1f"),
                       _number(row["all_to_all_ms"], ".1f"), _number(row["all_reduce_ms"], ".1f"),
                       "ok"]

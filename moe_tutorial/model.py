@@ -33,7 +33,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import hardware, quant
 from .config import MoEConfig
-from .experts import TE_BACKENDS, TE_EXPERT_CLASSES, ExpertMLP, convert_experts
+from .experts import (FUSED_MLP_GLU_INTERLEAVE, FUSED_MLP_ROWS_PER_EXPERT, TE_BACKENDS,
+                      TE_EXPERT_CLASSES, ExpertMLP, convert_experts)
 from .routing import Router, load_balancing_loss
 
 IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
@@ -340,8 +341,8 @@ class MoEForCausalLM(nn.Module):
     def _configure_experts(self, experts: nn.Module) -> None:
         """Tell TE experts the alignment and recipe of the active precision."""
         align = self.precision.align
-        if getattr(experts, "glu_interleave_size", None) == 32:
-            align = max(align, 256)  # the fused grouped MLP pads every expert's rows to 256
+        if getattr(experts, "glu_interleave_size", None) == FUSED_MLP_GLU_INTERLEAVE:
+            align = max(align, FUSED_MLP_ROWS_PER_EXPERT)  # the fused grouped MLP's rows
         experts.align = align
         experts.recipe_name = self.precision.name
 
@@ -426,7 +427,8 @@ def _check_backend_runs_recipe(backend: str, choice: quant.RecipeChoice,
     if backend == "te_ops" and choice.name == "Float8BlockScaling" and cc[0] == 9:
         raise ValueError(
             "te.ops GroupedLinear with Float8BlockScaling finds no cuBLAS GEMM algorithm on "
-            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; seen with TE 2.20): use the "
+            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20, rows padded to 16 "
+            "or 128: benchmarks/results/h200_block_scaling_alignment.json): use the "
             "te_grouped_linear backend for block scaling, or precision 'fp8' with te_ops")
 
 

@@ -422,8 +422,10 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, block: int = MX_B
 # name -> what it models
 QUANT_METHODS = {
     "fp8_current": "per-tensor E4M3, current scaling (TE Float8CurrentScaling, forward)",
-    "fp8_block": "E4M3 in 1x128 tiles, power-of-two scales (TE Float8BlockScaling, "
-                 "activations and gradients; TE's weights use 128x128 tiles)",
+    "fp8_block": "E4M3 in 1x128 tiles, power-of-two scales (TE Float8BlockScaling's "
+                 "activations and gradients)",
+    "fp8_block_2d": "E4M3 in 128x128 tiles, power-of-two scales (TE Float8BlockScaling's "
+                    "weights)",
     "mxfp8_te": "MXFP8, 32-value blocks, TE's scale rule (nothing saturates)",
     "mxfp8_ocp": "MXFP8, 32-value blocks, OCP MX v1.0 scale rule (the block max may clip)",
 }
@@ -436,16 +438,40 @@ _BLOCK_METHODS = {"fp8_block": (128, "te"), "mxfp8_te": (MX_BLOCK, "te"),
                   "mxfp8_ocp": (MX_BLOCK, "ocp")}
 
 
+FP8_BLOCK_TILE = 128  # Float8BlockScaling: 1x128 tiles (activations, gradients), 128x128 (weights)
+
+
+def tile_fake_quantize(x: torch.Tensor, tile: int = FP8_BLOCK_TILE
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 with one power-of-two scale per `tile` x `tile` square of the last two dims (TE
+    Float8BlockScaling's weight tiles; ragged edges are padded with zeros, which do not change
+    a tile's amax). Returns what `fake_quantize` returns."""
+    _check_block(tile)
+    x32 = x.float()
+    rows, cols = x32.shape[-2:]
+    padded = F.pad(x32, (0, -cols % tile, 0, -rows % tile))
+    # [..., R/t, t, C/t, t] -> [..., R/t, C/t, t*t]: one flat group per tile
+    tiles = padded.unflatten(-1, (-1, tile)).unflatten(-3, (-1, tile)).transpose(-3, -2)
+    scales = mx_scale_from_amax(_nan_ignoring_amax(tiles.flatten(-2), dim=-1), "te")
+    per_tile = e8m0_to_float(scales)[..., None, None]
+    codes = fp8_encode(tiles * _exp2(127 - scales.long())[..., None, None], E4M3)
+    back = (fp8_decode(codes, E4M3) * per_tile).transpose(-3, -2).flatten(-4, -3).flatten(-2)
+    limit = (E4M3.max_value * per_tile).expand_as(tiles).transpose(-3, -2).flatten(-4, -3).flatten(-2)
+    return back[..., :rows, :cols], limit[..., :rows, :cols]
+
+
 def fake_quantize(x: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize and dequantize along the last dim with one of `QUANT_METHODS`. Returns the
-    float32 round trip and, per element, the largest magnitude its scale can represent (448 ×
-    the element's scale_inv) - values above it saturated."""
+    """Quantize and dequantize with one of `QUANT_METHODS` (blocks along the last dim; 2-D tiles
+    for "fp8_block_2d"). Returns the float32 round trip and, per element, the largest magnitude
+    its scale can represent (448 × the element's scale_inv) - values above it saturated."""
     if method not in QUANT_METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {list(QUANT_METHODS)}")
     x32 = x.float()
     if method == "fp8_current":
         data, scale_inv = per_tensor_quantize(x32, E4M3)
         return per_tensor_dequantize(data, scale_inv), (E4M3.max_value * scale_inv).expand_as(x32)
+    if method == "fp8_block_2d":
+        return tile_fake_quantize(x32)
     block, rule = _BLOCK_METHODS[method]
     data, scales = mxfp8_quantize(x32, block=block, rule=rule)
     per_element = e8m0_to_float(scales).repeat_interleave(block, dim=-1)[..., :x32.shape[-1]]
@@ -626,16 +652,15 @@ TE_RECIPES = ("MXFP8BlockScaling", "Float8BlockScaling", "Float8CurrentScaling",
 EMULATED_MXFP8 = "emulated_mxfp8"
 PREFERENCES = ("fastest", "closest_to_mxfp8")
 
-# recipe -> (capability key, rows-per-expert alignment its GEMMs need, label)
+# recipe -> (capability key, label)
 _RECIPE_FACTS = {
-    "MXFP8BlockScaling": ("mxfp8", 32, "MXFP8 (native, Blackwell)"),
-    "Float8BlockScaling": ("fp8_block", 128, "FP8 block scaling — Hopper's closest to MXFP8"),
-    "Float8CurrentScaling": ("fp8_current", 16, "FP8 per-tensor current scaling"),
-    "DelayedScaling": ("fp8_delayed", 16, "FP8 per-tensor delayed scaling (amax history)"),
+    "MXFP8BlockScaling": ("mxfp8", "MXFP8 (native: compute capability 10.x-11.x, e.g. B200/B300)"),
+    "Float8BlockScaling": ("fp8_block", "FP8 block scaling — Hopper's closest to MXFP8"),
+    "Float8CurrentScaling": ("fp8_current", "FP8 per-tensor current scaling"),
+    "DelayedScaling": ("fp8_delayed", "FP8 per-tensor delayed scaling (amax history)"),
 }
 # Most preferred first. Hopper, "fastest": delayed scaling measured fastest on the H200 in this
-# course's benchmark (expert layer fwd+bwd, te.ops, TE 2.20.2: Mixtral shape 20.5 ms vs 21.8 ms
-# for current scaling, fine-grained 22.1 vs 40.8, small 7.1 vs 11.9 — current scaling pays an
+# course's benchmark (the te_ops rows of benchmarks/results/h200.json: current scaling pays an
 # extra amax pass over every tensor); block scaling is the slower, closer-to-MX one.
 _ORDER = {
     "fastest": ("MXFP8BlockScaling", "DelayedScaling", "Float8CurrentScaling",
@@ -643,6 +668,60 @@ _ORDER = {
     "closest_to_mxfp8": ("MXFP8BlockScaling", "Float8BlockScaling", "Float8CurrentScaling",
                          "DelayedScaling"),
 }
+# The FP8 format each recipe trains with in this course (RecipeChoice.build). MXFP8 and block
+# scaling use E4M3 in both passes (per-block scales already cover the gradients' range, so E4M3's
+# extra mantissa bit wins; BioNeMo's Mixtral recipe does this for MXFP8, and TE's fused grouped
+# MLP declines anything else). Per-tensor current and delayed scaling use HYBRID: E4M3 forward,
+# E5M2 for gradients, whose range one per-tensor scale cannot otherwise cover (TE's default).
+_COURSE_FORMAT = {"Float8CurrentScaling": "HYBRID", "DelayedScaling": "HYBRID"}
+
+
+def alignment(recipe_name: str | None) -> int:
+    """Rows per expert a recipe's grouped GEMMs need: TE 2.20's own rule,
+    `transformer_engine.pytorch.quantization.get_align_size_for_quantization` — 32 for MXFP8
+    (one E8M0 scale per 32 rows of the columnwise copy), 128 for NVFP4, 16 for every other FP8
+    recipe (Float8BlockScaling included). No recipe (bf16): 1. The MXFP8 emulation pads like MXFP8.
+    The fused grouped MLP needs more (256 rows per expert): see `experts.FUSED_MLP_ROWS_PER_EXPERT`."""
+    if recipe_name is None:
+        return 1
+    if recipe_name in ("MXFP8BlockScaling", EMULATED_MXFP8):
+        return MX_BLOCK
+    if recipe_name == "NVFP4BlockScaling":
+        return 128
+    if recipe_name in _RECIPE_FACTS:
+        return 16
+    raise ValueError(f"unknown recipe {recipe_name!r}; choose one of "
+                     f"{TE_RECIPES + ('NVFP4BlockScaling', EMULATED_MXFP8)}")
+
+
+@dataclass(frozen=True)
+class RecipeSpec:
+    """What TE's decisions read from a recipe object, as plain data, so those decisions can be
+    modelled (and tested) on a machine without TE: the recipe class name, its FP8 format
+    ("E4M3": E4M3 in both passes; "HYBRID": E4M3 forward, E5M2 backward) and, for NVFP4, whether
+    the random Hadamard transform is off."""
+
+    name: str
+    fp8_format: str = "E4M3"
+    disable_rht: bool = False
+
+    @property
+    def backward_format(self) -> str:
+        return "E5M2" if self.fp8_format == "HYBRID" else "E4M3"
+
+
+def recipe_spec(recipe) -> RecipeSpec | None:
+    """`RecipeSpec` of None (bf16: None), a recipe class name (with the format this course trains
+    it in), a `RecipeChoice`, a `RecipeSpec`, or a Transformer Engine recipe object."""
+    if recipe is None or isinstance(recipe, RecipeSpec):
+        return recipe
+    if isinstance(recipe, RecipeChoice):
+        recipe = recipe.name
+    if isinstance(recipe, str):
+        return RecipeSpec(recipe, _COURSE_FORMAT.get(recipe, "E4M3"))
+    fmt = getattr(recipe, "fp8_format", None)  # a TE recipe: fp8_format is a Format enum
+    return RecipeSpec(type(recipe).__name__, getattr(fmt, "name", "E4M3"),
+                      bool(getattr(recipe, "disable_rht", False)))
 
 
 @dataclass(frozen=True)
@@ -651,7 +730,7 @@ class RecipeChoice:
 
     `name` is a TE recipe class name, or "emulated_mxfp8" where TE cannot run one (then
     `native` is False and training stays in bf16 while this module reproduces MXFP8's numbers).
-    `align`: rows per expert the recipe's GEMMs need (pad each expert's tokens to a multiple).
+    `align`: rows per expert the recipe's GEMMs need (`alignment(name)`, TE's rule).
     """
 
     name: str
@@ -661,19 +740,14 @@ class RecipeChoice:
     reason: str
 
     def build(self):
-        """The TE recipe object, e.g. ``MXFP8BlockScaling(fp8_format=Format.E4M3)``.
-
-        MXFP8 and block scaling use E4M3 in both passes (per-block scales already cover the
-        gradients' range, so E4M3's extra mantissa bit wins; BioNeMo's Mixtral recipe does this
-        for MXFP8). Per-tensor current and delayed scaling use HYBRID: E4M3 forward, E5M2 for
-        gradients, whose range a single per-tensor scale cannot otherwise cover (TE's default).
-        """
+        """The TE recipe object, e.g. ``MXFP8BlockScaling(fp8_format=Format.E4M3)``, in the FP8
+        format this course trains the recipe in (`_COURSE_FORMAT`: E4M3 for the block-scaled
+        recipes, HYBRID for the per-tensor ones)."""
         if not self.native:
             raise RuntimeError(f"{self.name} is not a Transformer Engine recipe on this machine "
                                f"({self.reason}); its numerics run in moe_tutorial.quant instead")
         recipe = importlib.import_module("transformer_engine.common.recipe")
-        fmt = recipe.Format.HYBRID if self.name in ("Float8CurrentScaling", "DelayedScaling") \
-            else recipe.Format.E4M3
+        fmt = getattr(recipe.Format, recipe_spec(self.name).fp8_format)
         return getattr(recipe, self.name)(fp8_format=fmt)
 
 
@@ -727,13 +801,13 @@ def recipe_for(capabilities, preference: str = "fastest") -> RecipeChoice:
         label = "MXFP8 numerics emulated in PyTorch (no TE FP8 recipe on this GPU)"
     else:
         label = "MXFP8 numerics emulated in PyTorch (no TE on this machine)"
-    return RecipeChoice(EMULATED_MXFP8, label, native=False, align=MX_BLOCK,
+    return RecipeChoice(EMULATED_MXFP8, label, native=False, align=alignment(EMULATED_MXFP8),
                         reason=f"{machine}: {capabilities['mxfp8'].reason}")
 
 
 def _te_choice(name: str, reason: str) -> RecipeChoice:
-    _, align, label = _RECIPE_FACTS[name]
-    return RecipeChoice(name, label, native=True, align=align, reason=reason)
+    return RecipeChoice(name, _RECIPE_FACTS[name][1], native=True, align=alignment(name),
+                        reason=reason)
 
 
 def _why(name: str, preference: str, capabilities, machine: str) -> str:

@@ -194,3 +194,17 @@ def test_merging_the_parts_of_a_run(tmp_path):
         bench.merge_reports([parts[0], other])
     with pytest.raises(ValueError, match="did not finish"):
         bench.merge_reports([parts[0], dict(parts[1], complete=False)])
+
+
+def test_fp8_rows_quote_mfu_against_the_fp8_peak_and_say_which():
+    peaks = bench.Peaks(bf16_measured=800.0, bf16_datasheet=1000.0, fp8_measured=1600.0,
+                        fp8_datasheet=2000.0)
+    row = dict(variant="ours_te_ops_fp8", status="ok", median_ms=80.0, tokens_per_s=1e5,
+               tflops=400.0, peak_memory_gb=20.0, loss_diff=0.0, precision="fp8")
+    line = bench.format_train_row(row, peaks)
+    assert "25.0% / 20.0%" in line and "50.0% / 40.0%" in line  # own (FP8) peak, then bf16
+    assert "fp8" in line and "own peak" in bench.TRAIN_HEADER
+    old = bench.Peaks.from_dict({"dense_bf16_tflops_measured": 800.0, "datasheet_bf16_tflops": 1000.0})
+    assert "- / -" in bench.format_train_row(row, old)  # a file without FP8 peaks: not invented
+    assert bench.train_precision("hf_eager") == "bf16"
+    assert bench.datasheet_tflops("NVIDIA H200", "fp8") == 1978.9

@@ -481,10 +481,16 @@ def recipe_never_emulated(caps, preference="fastest"):
 def recipe_current_before_delayed(caps, preference="fastest"):
     for name, key, align in (("MXFP8BlockScaling", "mxfp8", 32),
                              ("Float8CurrentScaling", "fp8_current", 16),
-                             ("Float8BlockScaling", "fp8_block", 128)):
+                             ("Float8BlockScaling", "fp8_block", 16)):
         if caps.is_native(key):
             return name, align
     return "emulated_mxfp8", 32
+
+
+def recipe_block_pads_128(caps, preference="fastest"):
+    """The course's old mistake: Float8BlockScaling padded to its 128-value tile."""
+    name, align = checks.reference.choose_recipe(caps, preference)
+    return name, 128 if name == "Float8BlockScaling" else align
 
 
 def predict_forgets_return(num_experts, tokens, top_k, hidden, intermediate, launch_us, gflops):
@@ -656,6 +662,9 @@ WRONG = [
     ("check_choose_recipe", recipe_always_mxfp8, "H200 (Hopper) cannot run MXFP8BlockScaling"),
     ("check_choose_recipe", recipe_align_16, "padded to a multiple of 32"),
     ("check_choose_recipe", recipe_never_emulated, "a CPU cannot run DelayedScaling"),
+    ("check_choose_recipe", recipe_block_pads_128,
+     "Float8BlockScaling needs every expert's rows padded to a multiple of 16 (TE's "
+     "get_align_size_for_quantization"),
     ("check_choose_recipe", recipe_current_before_delayed, "should use DelayedScaling, yours is "
                                                            "Float8CurrentScaling"),
     ("check_predict_speedup", predict_forgets_return, "your function returned None"),

@@ -35,7 +35,7 @@ def test_hopper_machine():
     assert caps["mxfp8"].runs.startswith("FP8 block scaling")
     fused = caps["fused_grouped_mlp"]
     assert fused.status == FALLBACK and fused.runs == "te.ops grouped MLP, unfused"
-    assert "Blackwell" in fused.reason and "9.0" in fused.reason
+    assert "compute capability 10.x" in fused.reason and "9.0" in fused.reason
     assert caps["multi_gpu"].status == FALLBACK
 
 
@@ -68,5 +68,21 @@ def test_old_gpu_and_old_torch():
 
 
 def test_unknown_fake_kind():
-    with pytest.raises(ValueError, match="cpu, hopper or blackwell"):
+    with pytest.raises(ValueError, match="cpu, hopper, blackwell or rtx_blackwell"):
         fake_environment("tpu")
+
+
+def test_rtx_blackwell_runs_no_mxfp8_and_no_fused_mlp():
+    """TE 2.20 allows MXFP8 on compute capability 10.x-11.x only (_compute_mxfp8_support)."""
+    caps = evaluate(fake_environment("rtx_blackwell"))
+    assert caps["mxfp8"].status == FALLBACK and "12.0+" in caps["mxfp8"].reason
+    assert caps.is_native("fp8_block")
+    assert caps["fused_grouped_mlp"].status == FALLBACK
+    assert "this is 12.0" in caps["fused_grouped_mlp"].reason
+
+
+@pytest.mark.parametrize("value, enabled", [(None, False), ("0", False), ("1", True),
+                                            ("2", True), ("-1", False), ("yes", False)])
+def test_fused_mlp_env_is_read_as_te_reads_it(value, enabled):
+    from moe_tutorial.hardware import fused_mlp_env_enabled
+    assert fused_mlp_env_enabled(value) is enabled

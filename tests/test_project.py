@@ -28,7 +28,7 @@ def test_environment_yml_parses_and_matches_pyproject_extras():
     assert extras == {"course", "hf"} and extras <= declared
     # conda's python must satisfy the package's requires-python
     required = _pyproject()["project"]["requires-python"]
-    assert required == ">=3.10" and (3, 12) >= (3, 10)
+    assert required == ">=3.11" and (3, 12) >= (3, 11)
 
 
 def test_pyproject_extras():
@@ -45,8 +45,9 @@ def test_pyproject_extras():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     readme = (ROOT / "README.md").read_text()
-    assert "pip install torch==2.13.0" in ci
-    assert "make test" in ci and "make test" in readme and "make course" in readme
+    assert "pip install" not in ci  # everything is set up by the README's commands themselves
+    assert "make test" in ci and "make course" in ci
+    assert "make test" in readme and "make course" in readme
     assert readme.index("make course") < readme.index("## ")  # the two commands come first
 
 

@@ -477,9 +477,9 @@ def machine(kind, **overrides):
     ("blackwell", "fastest", "MXFP8BlockScaling", 32),
     ("blackwell", "closest_to_mxfp8", "MXFP8BlockScaling", 32),
     ("hopper", "fastest", "DelayedScaling", 16),
-    ("hopper", "closest_to_mxfp8", "Float8BlockScaling", 128),
+    ("hopper", "closest_to_mxfp8", "Float8BlockScaling", 16),
     ("hopper", "DelayedScaling", "DelayedScaling", 16),
-    ("blackwell", "Float8BlockScaling", "Float8BlockScaling", 128),
+    ("blackwell", "Float8BlockScaling", "Float8BlockScaling", 16),
 ])
 def test_recipe_for_gpus(kind, preference, name, align):
     choice = quant.recipe_for(machine(kind), preference)
@@ -488,7 +488,8 @@ def test_recipe_for_gpus(kind, preference, name, align):
 
 
 def test_recipe_labels():
-    assert quant.recipe_for(machine("blackwell")).label == "MXFP8 (native, Blackwell)"
+    assert quant.recipe_for(machine("blackwell")).label == (
+        "MXFP8 (native: compute capability 10.x-11.x, e.g. B200/B300)")
     hopper_block = quant.recipe_for(machine("hopper"), "closest_to_mxfp8")
     assert hopper_block.label == "FP8 block scaling — Hopper's closest to MXFP8"
     assert "Device compute capability 10.0" in hopper_block.reason
@@ -547,3 +548,43 @@ def test_recipe_capability_names_the_capability_row():
     assert quant.recipe_capability("DelayedScaling") == "fp8_delayed"
     with pytest.raises(ValueError, match="unknown TE recipe 'MXFP4'"):
         quant.recipe_capability("MXFP4")
+
+
+def test_alignment_is_tes_get_align_size_for_quantization():
+    """TE 2.20, pytorch/quantization.py: 32 for MXFP8, 128 for NVFP4, 16 for every other recipe."""
+    assert quant.alignment("MXFP8BlockScaling") == 32
+    assert quant.alignment("NVFP4BlockScaling") == 128
+    for name in ("Float8BlockScaling", "Float8CurrentScaling", "DelayedScaling"):
+        assert quant.alignment(name) == 16
+    assert quant.alignment(None) == 1 and quant.alignment("emulated_mxfp8") == 32
+    with pytest.raises(ValueError, match="unknown recipe 'FP8'"):
+        quant.alignment("FP8")
+
+
+def test_recipe_spec_reads_names_choices_and_te_like_objects():
+    assert quant.recipe_spec(None) is None
+    assert quant.recipe_spec("DelayedScaling") == quant.RecipeSpec("DelayedScaling", "HYBRID")
+    assert quant.recipe_spec("MXFP8BlockScaling").backward_format == "E4M3"
+
+    class Format:  # stands for transformer_engine.common.recipe.Format
+        def __init__(self, name):
+            self.name = name
+
+    class NVFP4BlockScaling:
+        fp8_format, disable_rht = Format("E4M3"), True
+
+    assert quant.recipe_spec(NVFP4BlockScaling()) == quant.RecipeSpec("NVFP4BlockScaling", "E4M3", True)
+
+
+def test_fp8_block_2d_uses_one_scale_per_128x128_tile():
+    torch.manual_seed(0)
+    w = torch.randn(200, 300)
+    w[5, 7] = 1000.0  # an outlier in tile (0, 0) only
+    back, limit = quant.fake_quantize(w, "fp8_block_2d")
+    assert back.shape == w.shape
+    assert limit[:128, :128].unique().numel() == 1 and limit[0, 0] >= 1000.0
+    assert limit[128:, :128].max() < 1000.0 and limit[:128, 128:256].max() < 1000.0
+    # one tile quantized alone, as one MX block of 128*128 values, gives the same bytes
+    data, scales = quant.mxfp8_quantize(w[128:, 256:].reshape(1, -1), block=72 * 44)
+    alone = quant.mxfp8_dequantize(data, scales, block=72 * 44).reshape(72, 44)
+    assert torch.equal(back[128:, 256:], alone)

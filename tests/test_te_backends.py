@@ -9,9 +9,11 @@ import torch
 
 from moe_tutorial import hardware
 from moe_tutorial.config import preset
-from moe_tutorial.experts import (ExpertMLP, TEOpsExperts, convert_experts, deinterleave_glu,
-                                  interleave_glu, scaled_swiglu, swiglu, why_unfused)
+from moe_tutorial.experts import (FUSED_MLP_ROWS_PER_EXPERT, ExpertMLP, TEOpsExperts,
+                                  convert_experts, deinterleave_glu, interleave_glu, scaled_swiglu,
+                                  swiglu, why_fused_raises, why_unfused)
 from moe_tutorial.model import MoEForCausalLM
+from moe_tutorial.quant import RecipeSpec
 from moe_tutorial.routing import route
 
 
@@ -107,13 +109,68 @@ def test_from_hf_into_a_te_backend():
 
 def test_why_unfused_names_every_missing_condition():
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
-    reasons = why_unfused(hopper, "Float8CurrentScaling", None, 4096, 14336, 16)
-    text = " | ".join(reasons)
-    assert "Blackwell" in text and "MXFP8" in text and "glu_interleave_size=32" in text
-    assert "padded to 256" in text
+    text = " | ".join(why_unfused(hopper, "Float8CurrentScaling", None, 4096, 14336))
+    assert "compute capability 10.x" in text and "MXFP8 or NVFP4" in text
+    assert "glu_interleave_size=32" in text
     blackwell = hardware.evaluate(hardware.fake_environment("blackwell"))
-    assert why_unfused(blackwell, "MXFP8BlockScaling", 32, 4096, 14336, 256) == []
-    assert "multiples of 64" in why_unfused(blackwell, "MXFP8BlockScaling", 32, 4096, 1400, 256)[0]
+    assert why_unfused(blackwell, "MXFP8BlockScaling", 32, 4096, 14336) == []
+
+
+# TE 2.20's fuser keeps the unfused ops, silently, when any one of these breaks
+# (ops/fused/grouped_mlp.py: is_supported, fuse_glu_ops, fuse_grouped_mlp_ops,
+# validate_grouped_mlp_dims). Each case breaks exactly one condition of a fusing setup.
+_FUSING = dict(recipe="MXFP8BlockScaling", glu=32, hidden=4096, intermediate=14336)
+
+
+@pytest.mark.parametrize("env_override, change, words", [
+    (dict(fused_mlp_env_set=False), {}, "NVTE_CUTEDSL_FUSED_GROUPED_MLP=1"),
+    (dict(compute_capability=(9, 0)), {}, "this is 9.0"),
+    (dict(compute_capability=(12, 0)), {}, "this is 12.0"),
+    (dict(cudnn_frontend_version="1.22.0"), {}, "found 1.22.0"),
+    (dict(te_fused_mlp_registered=False), {}, "did not register the fusion"),
+    ({}, dict(recipe=None), "this runs bf16"),
+    ({}, dict(recipe="Float8BlockScaling"), "this runs Float8BlockScaling"),
+    ({}, dict(recipe=RecipeSpec("MXFP8BlockScaling", "HYBRID")), "E5M2 backward pass"),
+    ({}, dict(recipe=RecipeSpec("NVFP4BlockScaling", disable_rht=True)), "disable_rht=True"),
+    ({}, dict(glu=None), "glu_interleave_size=32, this uses None"),
+    ({}, dict(glu=16), "this uses 16"),
+    ({}, dict(hidden=4000), "multiples of 64"),
+    ({}, dict(intermediate=1400), "multiples of 64"),
+])
+def test_each_fused_condition_alone_falls_back(env_override, change, words):
+    caps = hardware.evaluate(hardware.fake_environment("blackwell", **env_override))
+    case = {**_FUSING, **change}
+    reasons = why_unfused(caps, case["recipe"], case["glu"], case["hidden"], case["intermediate"])
+    assert len(reasons) == 1 and words in reasons[0], reasons
+
+
+def test_nvfp4_with_rht_fuses_and_row_counts_do_not_decide_fusion():
+    blackwell = hardware.evaluate(hardware.fake_environment("blackwell"))
+    assert why_unfused(blackwell, "NVFP4BlockScaling", 32, 4096, 14336) == []
+    assert why_unfused(blackwell, RecipeSpec("MXFP8BlockScaling", "E4M3"), 32, 2048, 768) == []
+
+
+def test_fused_op_raises_on_row_counts():
+    assert why_fused_raises([256, 512, 0, 256]) == []
+    reasons = why_fused_raises([256, 64])  # 320 rows: not a multiple of 128; expert 1 not of 256
+    assert any("320 rows in all" in r for r in reasons) and any("expert(s) [1]" in r for r in reasons)
+    only_per_expert, = why_fused_raises([128, 128])  # 256 in all is fine, each expert is not
+    assert "expert(s) [0, 1]" in only_per_expert and f"align={FUSED_MLP_ROWS_PER_EXPERT}" in only_per_expert
+
+
+def test_scaled_swiglu_applies_the_weights_in_the_compute_dtype():
+    """TE casts the routing weights to the compute dtype before its kernel (bf16 here), then
+    forms silu(gate) * up * weight in fp32: an independent statement of that arithmetic."""
+    torch.manual_seed(0)
+    gate_up = torch.randn(64, 2 * 96).bfloat16()
+    weights = torch.rand(64)  # fp32, as the router makes them
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    expected = (gate * torch.sigmoid(gate) * up * weights.bfloat16().float()[:, None]).bfloat16()
+    got = scaled_swiglu(gate_up, weights)
+    assert torch.equal(got, expected)
+    # and it is not the fp32-weight product, which differs in the last bf16 bit for some rows
+    unrounded = (gate * torch.sigmoid(gate) * up * weights[:, None]).bfloat16()
+    assert not torch.equal(got, unrounded)
 
 
 def test_fp8_precision_needs_te_on_a_gpu_and_te_experts():

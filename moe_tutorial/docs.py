@@ -1,0 +1,638 @@
+"""The README's numbers, rendered from the result files under `benchmarks/results/`.
+
+Every measured number the README states sits between two markers,
+
+    <!-- BEGIN generated: NAME (python -m moe_tutorial docs) -->
+    ...
+    <!-- END generated: NAME -->
+
+and is rendered here from the JSON the run wrote, so one file is the source of each number:
+
+    python -m moe_tutorial docs           # rewrite the regions from the results
+    python -m moe_tutorial docs --check   # exit 1, with a diff per region, where they disagree
+
+A re-run of a benchmark changes the README by `docs`; a hand edit inside a region, or a result
+file that changed without `docs`, fails `--check` (tests/test_docs.py runs it with the suite).
+Figures published by others come from `published_recipe.json`, each with the file it was
+published in. The output is a function of the files alone (no clock, fixed formats).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+RESULTS_LINK = "benchmarks/results"  # how the README links to a result file
+
+_REGION = re.compile(
+    r"<!-- BEGIN generated: (?P<name>[\w-]+) \(python -m moe_tutorial docs\) -->\n"
+    r"(?P<body>.*?)<!-- END generated: (?P=name) -->", re.S)
+_MARKER = re.compile(r"<!-- (BEGIN|END) generated: ([\w-]+)")
+
+
+@functools.cache
+def _load(name: str) -> dict:
+    with open(RESULTS / name) as f:
+        return json.load(f)
+
+
+def _link(name: str) -> str:
+    return f"[`{name}`]({RESULTS_LINK}/{name})"
+
+
+def _span(values, fmt: str) -> str:
+    """'lo–hi' of the values in `fmt`, one value where both ends print alike."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# ---------------------------------------------------------------------------------------------
+# One H200: `python -m moe_tutorial bench` (h200.json)
+
+BACKEND_LABELS = {"grouped_torch": "torch._grouped_mm", "te_grouped_linear": "te.GroupedLinear",
+                  "te_ops": "te.ops"}
+
+
+def _backend_label(backend: str) -> str:
+    from .bench import CUTLASS
+
+    base = BACKEND_LABELS.get(backend.removesuffix(CUTLASS), backend)
+    return base + (" + CUTLASS" if backend.endswith(CUTLASS) else "")
+
+
+def _expert_rows(report: dict, shape: str, routing: str = "balanced") -> list[dict]:
+    return [r for r in report["results"]
+            if r["part"] == "expert" and r["shape"] == shape and r["routing"] == routing]
+
+
+def _fastest(rows: list[dict]) -> dict | None:
+    ok = [r for r in rows if r.get("status") == "ok"]
+    return min(ok, key=lambda r: r["median_ms"]) if ok else None
+
+
+def _peaks(report: dict, kind: str) -> tuple[float | None, float | None]:
+    """(measured, datasheet) dense TFLOP/s of `kind` ('bf16' | 'fp8') recorded with a run; None
+    where the run did not record it (files from before bench measured an FP8 peak)."""
+    from .bench import Peaks
+
+    return Peaks.from_dict(report).of(kind)
+
+
+def _peak_text(report: dict, kind: str) -> str:
+    measured, datasheet = _peaks(report, kind)
+    if measured is None and datasheet is None:
+        return "not measured in this run"
+    show = lambda v: "not measured" if v is None else f"{v:,.0f}"  # noqa: E731
+    return f"{show(measured)} TFLOP/s measured / {show(datasheet)} datasheet"
+
+
+def h200_environment() -> str:
+    report = _load("h200.json")
+    env = report["environment"]
+    sm = "sm_" + env["compute_capability"].replace(".", "")
+    return (f"One {env['gpu']} ({sm}, driver {env['driver']}, CUDA {env['cuda']}), torch "
+            f"{env['torch']}, Transformer Engine {env['transformer_engine']}, transformers "
+            f"{env['transformers']}, Python {env['python']}; {env['date'][:10]}. Dense matmul "
+            f"peaks of the same run, what every MFU below divides by: bf16 "
+            f"{_peak_text(report, 'bf16')}; FP8 {_peak_text(report, 'fp8')}.")
+
+
+# (header, backends to choose the fastest of, precision); the loop comes first.
+EXPERT_COLUMNS = [
+    ("HF-eager-style loop", ("naive",), "bf16"),
+    ("`torch._grouped_mm`", ("grouped_torch",), "bf16"),
+    ("`te.GroupedLinear` bf16", ("te_grouped_linear",), "bf16"),
+    ("`te.ops` bf16", ("te_ops",), "bf16"),
+    ("+ CUTLASS grouped GEMM", ("te_grouped_linear+cutlass", "te_ops+cutlass"), "bf16"),
+    ("`te.ops` FP8 (DelayedScaling)", ("te_ops",), "DelayedScaling"),
+]
+SHAPE_LABELS = {"mixtral": "Mixtral 8x7B", "fine_grained": "fine-grained", "small": "small"}
+
+
+def _expert_cell(row: dict | None, name_backend: bool) -> str:
+    if row is None:
+        return "–"
+    if row.get("status") != "ok":
+        return row.get("status", "?").upper()
+    if row["backend"] == "naive":
+        return f"{row['median_ms']:.1f} ms"
+    detail = f", {_backend_label(row['backend'])}" if name_backend else ""
+    return f"{row['median_ms']:.1f} ms ({row['speedup_vs_loop']:.2f}×{detail})"
+
+
+def h200_expert_layer() -> str:
+    """The expert-layer table, balanced routing: each column's fastest backend, the fastest
+    cell of a row in bold."""
+    from .bench import EXPERT_SHAPES
+
+    report = _load("h200.json")
+    shapes = list(dict.fromkeys(r["shape"] for r in report["results"] if r["part"] == "expert"))
+    rows = []
+    for shape in shapes:
+        found = _expert_rows(report, shape)
+        chosen = [_fastest([r for r in found if r["backend"] in backends and r["precision"] == p])
+                  for _, backends, p in EXPERT_COLUMNS]
+        best = _fastest([r for r in chosen[1:] if r is not None])
+        cells = [_expert_cell(r, len(col[1]) > 1) for r, col in zip(chosen, EXPERT_COLUMNS)]
+        cells = [f"**{c}**" if r is best and r is not None else c for r, c in zip(chosen, cells)]
+        s = EXPERT_SHAPES[shape]
+        dims = f"({s.tokens}, {s.hidden}, {s.intermediate}, {s.experts}, {s.top_k})"
+        rows.append([f"{SHAPE_LABELS.get(shape, shape)} {dims}"] + cells)
+    return _table(["shape (T, H, I, E, k)"] + [c[0] for c in EXPERT_COLUMNS],
+                  ["---"] * (len(EXPERT_COLUMNS) + 1), rows)
+
+
+def _cutlass_ratios(experts: list[dict], shape: str) -> list[float]:
+    """Time with TE's CUTLASS grouped GEMM over time without, per routing and TE backend."""
+    from .bench import CUTLASS
+
+    ms = {(r["routing"], r["backend"]): r["median_ms"] for r in experts
+          if r["shape"] == shape and r["precision"] == "bf16" and r.get("status") == "ok"}
+    return [t / ms[(routing, backend.removesuffix(CUTLASS))]
+            for (routing, backend), t in ms.items() if backend.endswith(CUTLASS)]
+
+
+def _loop_ms(name: str, shape: str) -> str:
+    loop = _fastest([r for r in _expert_rows(_load(name), shape) if r["backend"] == "naive"])
+    return f"{loop['median_ms']:.1f} ms in {_link(name)}"
+
+
+def h200_expert_notes() -> str:
+    from .bench import _precision_kind
+
+    experts = [r for r in _load("h200.json")["results"] if r["part"] == "expert"]
+    fp8 = [r for r in experts
+           if r.get("status") == "ok" and _precision_kind(r["precision"]) == "fp8"]
+    slower = [ratio - 1 for ratio in _cutlass_ratios(experts, "mixtral")]
+    faster = [1 / ratio for ratio in _cutlass_ratios(experts, "fine_grained")]
+    unsupported = sorted({f"`{_backend_label(r['backend'])}` with `{r['precision']}`"
+                          for r in experts if r.get("status") == "unsupported"})
+    # Every H200 file with the loop: how much a launch-bound time moves between runs.
+    loops = [_loop_ms(name, "fine_grained")
+             for name in ("h200.json", "h200_fused_norm_loss.json", "h200_cutlass_grouped_gemm.json")]
+    lines = [
+        f"- FP8 outputs are within {_span([r['rel_error'] for r in fp8], '.1%')} (relative, "
+        f"Frobenius norm) of the bf16 loop's — E4M3's rounding; the check allows "
+        f"{_span([r['tolerance'] for r in fp8], '.0%')}.",
+        f"- TE's CUTLASS grouped GEMM (`NVTE_USE_CUTLASS_GROUPED_GEMM`) makes the fine-grained shape "
+        f"{_span(faster, '.2f')}× faster and the Mixtral shape {_span(slower, '.0%')} slower (both "
+        f"routings, both TE backends).",
+    ]
+    if unsupported:
+        lines.append(f"- Reported UNSUPPORTED (the library has no kernel for it on this GPU): "
+                     f"{', '.join(unsupported)}.")
+    lines.append("- The loop is bound by Python and kernel launches, so its time moves between runs "
+                 "on the same machine type and versions: the fine-grained loop (balanced) took "
+                 + ", ".join(loops) + ".")
+    return "\n".join(lines)
+
+
+TRAIN_LABELS = {"hf_eager": "HF `MixtralForCausalLM`, eager experts",
+                "hf_grouped_mm": "HF, `grouped_mm` experts",
+                "hf_grouped_mm_compiled": "HF, `grouped_mm` + `torch.compile`"}
+
+
+def _train_rows(report: dict) -> dict[str, dict]:
+    return {r["variant"]: r for r in report["results"] if r["part"] == "train"}
+
+
+def _train_label(variant: str) -> str:
+    from .bench import OUR_VARIANTS
+
+    if variant in OUR_VARIANTS:
+        backend = OUR_VARIANTS[variant][0]
+        return "ours, " + ("`te.ops` grouped MLP" if backend == "te_ops"
+                           else f"`{BACKEND_LABELS[backend]}`")
+    return TRAIN_LABELS.get(variant, f"`{variant}`")
+
+
+def _row_precision(row: dict) -> str:
+    """'bf16' or 'fp8'. Files from before bench recorded it: the variant name says it."""
+    from .bench import train_precision
+
+    return row.get("precision") or train_precision(row["variant"])
+
+
+def _mfu(row: dict, report: dict, kind: str) -> str:
+    """'measured / datasheet' MFU against `kind`'s dense peak; 'not measured' for a peak the run
+    did not record (never a number from elsewhere)."""
+    peaks = _peaks(report, kind)
+    if all(p is None for p in peaks):
+        return "not measured"
+    return " / ".join("not measured" if p is None else f"{100 * row['tflops'] / p:.1f}%"
+                      for p in peaks)
+
+
+def train_step_table(report: dict) -> str:
+    """The training-step table of a bench report: MFU against the peak of each row's precision
+    (the headline for FP8 rows) and against the bf16 peak, each measured / datasheet."""
+    best = report["summary"]["train_step_best_variant"]
+    rows = []
+    for variant, r in _train_rows(report).items():
+        precision = _row_precision(r)
+        cells = [_train_label(variant), "FP8" if precision == "fp8" else precision]
+        if r.get("status") != "ok":
+            rows.append(cells + [r.get("status", "?").upper()] + ["–"] * 5)
+            continue
+        bold = (lambda s: f"**{s}**") if variant == best else (lambda s: s)
+        mem = "–" if r.get("peak_memory_gb") is None else f"{r['peak_memory_gb']:.1f}"
+        rows.append(cells + [bold(f"{r['median_ms']:.1f}"), bold(f"{r['tokens_per_s']:,.0f}"),
+                             bold(f"{r['tflops']:.0f}"), _mfu(r, report, precision),
+                             _mfu(r, report, "bf16"), mem])
+    return _table(["variant", "precision", "ms/step", "tokens/s", "TFLOP/s",
+                   "MFU vs its precision's peak (measured / datasheet)",
+                   "MFU vs bf16 peak (measured / datasheet)", "peak GB"],
+                  ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+
+
+def _train_config(report: dict):
+    """The model bench trained (its default on a GPU, `mixtral-2l`), checked against the FLOPs
+    the file recorded so the README cannot describe another model than the one timed."""
+    from .bench import model_flops_per_token
+    from .config import preset
+
+    config = preset("mixtral-2l")
+    row = next(iter(_train_rows(report).values()))
+    if model_flops_per_token(config, row["seq_len"]) * row["tokens"] != row["flops"]:
+        raise ValueError("the training rows' FLOPs are not mixtral-2l's: update docs._train_config")
+    return config, row
+
+
+def h200_train_step() -> str:
+    from .distributed import parameter_counts
+
+    report = _load("h200.json")
+    config, first = _train_config(report)
+    ok = [r for r in _train_rows(report).values() if r.get("status") == "ok"]
+    params = parameter_counts(config)["total"]
+    return (
+        f"**Training step** of `mixtral-2l` (Mixtral-8x7B widths, {config.num_layers} layers, "
+        f"{params / 1e9:.1f} B parameters), batch {first['batch']} × {first['seq_len']} tokens, "
+        f"forward + backward + AdamW step (torch's fused AdamW for every variant), bf16 "
+        f"parameters, same initial weights for every variant (first-step losses agree within "
+        f"{max(r['loss_diff'] for r in ok):.1g} nats):\n\n"
+        + train_step_table(report) + "\n\n"
+        f"TFLOP/s = (6 × {config.active_params_per_token() / 1e6:.1f} M active parameters + 12 × "
+        f"layers × seq × hidden) × tokens / time ({first['flops'] / 1e12:.1f} TFLOP per step). "
+        f"MFU divides it by a dense matmul peak of the same run: bf16 "
+        f"{_peak_text(report, 'bf16')}; FP8 {_peak_text(report, 'fp8')}. An FP8 row's headline "
+        f"MFU is against the FP8 peak; against the bf16 peak it says how far past bf16's ceiling "
+        f"FP8 took the step.")
+
+
+# Targets from the issue tracker: (summary key, the target with {} for its value, the value,
+# higher is better).
+TARGETS = [
+    ("expert_mixtral_best_bf16_speedup_vs_loop",
+     "expert layer, Mixtral shape, best bf16 ≥ {}× the loop", 1.75, True),
+    ("expert_mixtral_best_fp8_speedup_vs_loop",
+     "expert layer, Mixtral shape, best FP8 ≥ {}× the loop", 2.4, True),
+    ("expert_finegrained_best_speedup_vs_loop", "expert layer, fine-grained shape ≥ {}× the loop",
+     6.5, True),
+    ("train_step_speedup_vs_hf_eager", "training step ≥ {}× HF eager", 2.21, True),
+    ("train_step_speedup_vs_hf_grouped_mm", "training step ≥ {}× HF grouped_mm", 1.5, True),
+    ("train_step_speedup_vs_hf_grouped_mm_compiled",
+     "training step ≥ {}× HF grouped_mm under torch.compile", 1.35, True),
+    ("train_step_peak_mem_ratio_vs_hf_grouped_mm", "peak memory ≤ {}× HF grouped_mm's", 1.0, False),
+]
+
+
+def _target_detail(report: dict, key: str) -> str:
+    """Which variant reached the measured value."""
+    from .bench import _precision_kind
+
+    if key.startswith("expert_"):
+        shape = "mixtral" if "mixtral" in key else "fine_grained"
+        kind = "fp8" if "fp8" in key else "bf16" if "bf16" in key else None
+        row = _fastest([r for r in _expert_rows(report, shape) if r["backend"] != "naive"
+                        and (kind is None or _precision_kind(r["precision"]) == kind)])
+        recipe = f", {row['precision']}" if _precision_kind(row["precision"]) == "fp8" else ""
+        return f"{_backend_label(row['backend'])}{recipe}"
+    train = _train_rows(report)
+    best = train[report["summary"]["train_step_best_variant"]]
+    if key.endswith("peak_mem_ratio_vs_hf_grouped_mm"):
+        return f"{best['peak_memory_gb']:.1f} vs {train['hf_grouped_mm']['peak_memory_gb']:.1f} GB"
+    return f"{_train_label(best['variant'])}, {_row_precision(best).replace('fp8', 'FP8')}"
+
+
+def h200_targets() -> str:
+    report, recipe = _load("h200.json"), _load("published_recipe.json")["comparisons"]
+    rows = []
+    for key, what, target, higher in TARGETS:
+        value = report["summary"][key]
+        goal = what.format(f"{target:g}")
+        if value is None:
+            rows.append([goal, "not measured", ""])
+            continue
+        if value >= target if higher else value <= target:
+            verdict = "met"
+        elif higher:
+            verdict = f"missed ({1 - value / target:.0%} short)"
+        else:
+            verdict = f"missed ({value / target - 1:.0%} over)"
+        rows.append([goal, f"**{value:.2f}×** ({_target_detail(report, key)})", verdict])
+    headline, like = recipe["mxfp8_headline"], recipe["hf_like_for_like"]
+    tps = like["tokens_per_s_per_gpu"]
+    vs_hf = next(target for key, _, target, _ in TARGETS if key == "train_step_speedup_vs_hf_eager")
+    return (_table(["target", "measured", ""], ["---", "---", "---"], rows) + "\n\n"
+            f"The {vs_hf:g}× target stands as the issue tracker states it, but the BioNeMo "
+            f"recipe's {headline['published_speedup']:g}× is {headline['published_speedup_of']} "
+            f"({headline['gpus']}, {headline['layout']}, seq {headline['seq_len']}), not a speedup "
+            f"over HF; the recipe's like-for-like comparison with HF ({like['gpus']}, seq "
+            f"{like['seq_len']}) is {tps['TE MXFP8'] / tps[like['baseline']]:.2f}× for TE MXFP8 "
+            f"and {tps['TE bf16'] / tps[like['baseline']]:.2f}× for TE bf16 (see below).")
+
+
+def _profile_ms(text: str, name: str) -> float:
+    """CUDA total of one row of torch.profiler's table, in ms."""
+    for line in text.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == name:
+            value = cells[8]  # Name, 5 CPU columns, Self CUDA, Self CUDA %, CUDA total, ...
+            scale = {"ms": 1.0, "us": 1e-3, "s": 1e3}[re.sub(r"[\d.]", "", value)]
+            return float(re.sub(r"[^\d.]", "", value)) * scale
+    raise ValueError(f"no profiler row {name!r}")
+
+
+def h200_profile() -> str:
+    """Where the time goes, from the profile bench printed into h200.txt (the JSON keeps no
+    profile), and the ratios without the optimizer step."""
+    from .distributed import parameter_counts
+
+    report = _load("h200.json")
+    text = (RESULTS / "h200.txt").read_text()
+    variant, steps = re.search(r"^profile of (\S+), (\d+) steps$", text, re.M).groups()
+    per_step = lambda *names: sum(_profile_ms(text, n) for n in names) / int(steps)  # noqa: E731
+    adamw = per_step("Optimizer.step#AdamW.step")
+    mlp = per_step("_OperationFuserAutogradFunction", "_OperationFuserAutogradFunctionBackward")
+    train = _train_rows(report)
+    ours = train[variant]["median_ms"] - adamw
+    config, _ = _train_config(report)
+    hf_memory = train["hf_grouped_mm"]["peak_memory_gb"]
+    ratio = lambda name: (train[name]["median_ms"] - adamw) / ours  # noqa: E731
+    memory = lambda name: train[name]["peak_memory_gb"] / hf_memory  # noqa: E731
+    return (
+        f"Where the time goes (torch.profiler over {steps} steps of `{variant}`, in "
+        f"{_link('h200.txt')}): the te.ops expert MLPs take {mlp:.1f} ms per step (forward + "
+        f"backward), **the AdamW step {adamw:.1f} ms** — bandwidth-bound: "
+        f"{parameter_counts(config)['total'] / 1e9:.1f} B bf16 parameters with bf16 moments. "
+        f"Every variant runs the same fused AdamW over the same parameters, so the optimizer caps "
+        f"the ratios: with the profiled {adamw:.1f} ms taken off every step, our forward + "
+        f"backward is {ratio('hf_eager'):.2f}× HF eager's and "
+        f"{ratio('hf_grouped_mm_compiled'):.2f}× the compiled model's. Peak memory against HF "
+        f"grouped_mm's: the bf16 te.ops step {memory('ours_te_ops_bf16'):.2f}×, the FP8 one "
+        f"{memory('ours_te_ops_fp8'):.2f}× — it keeps FP8 copies of the expert weights for the "
+        f"backward pass and FP8 copies of gradients during it.")
+
+
+# The training-step history: each change and the result file measured right after it, oldest
+# first (the first full run's file was overwritten: it is in git history only, at 5cbb447).
+HISTORY = [
+    ("h200_fused_norm_loss.json",
+     "RMSNorm as one kernel (`F.rms_norm`), the loss's gradient computed in the forward pass"),
+    ("h200_cudnn_attention_rope.json",
+     "cuDNN attention, TE fused RoPE, q/k/v as one FP8 `te.Linear`, `log_softmax` in the loss"),
+    ("h200.json", "the same step re-measured with the MFU peaks of both precisions (no step change)"),
+]
+
+
+def h200_history() -> str:
+    rows = []
+    for name, change in HISTORY:
+        report = _load(name)
+        rows.append([change, f"{_train_rows(report)['ours_te_ops_fp8']['median_ms']:.1f}",
+                     f"{report['summary']['train_step_speedup_vs_hf_eager']:.2f}×", _link(name)])
+    return _table(["change", "te.ops FP8 ms/step", "vs HF eager, same run", "result file"],
+                  ["---", "---:", "---:", "---"], rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two H200s: expert vs data parallelism (h200x2.json) and the matrix driver's run
+
+def _layout(summary_row: dict) -> str:
+    if summary_row["gpus"] == 1:
+        return "1 GPU"
+    return " × ".join(summary_row["layout"].split("/"))
+
+
+def _nccl(summary_row: dict) -> str:
+    """'all-to-all / all-reduce' ms per step, '–' for a collective the layout does not run."""
+    if summary_row["gpus"] == 1:
+        return "–"
+    times = (summary_row["nccl_alltoall_ms_per_step_max_rank"],
+             summary_row["nccl_allreduce_ms_per_step_max_rank"])
+    return " / ".join(f"{t:.1f}" if t else "–" for t in times)
+
+
+def h200x2_ep() -> str:
+    from .config import preset
+    from .distributed import communication_per_step
+
+    report = _load("h200x2.json")
+    env, summary = report["environment"], report["summary"]
+    rank = report["runs"][0]["ranks"][0]
+    iters = re.search(r"--iters (\d+)", report["runs"][0]["command"])[1]
+    order = sorted(summary, key=lambda r: r["precision"] != "bf16")  # stable: bf16 rows first
+    rows = [[_layout(r), "FP8" if r["precision"] == "fp8" else r["precision"],
+             f"{r['median_ms']:.1f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+             f"{r['pflops_per_gpu']:.3f}", f"{r['scaling_efficiency_vs_1_gpu']:.2f}",
+             f"{r['peak_memory_gb']:.1f}", _nccl(r)] for r in order]
+    ep = [r for r in summary if r["layout"] == "dp1/ep2"]
+    dp = [r for r in summary if r["layout"] == "dp2/ep1"]
+    one = [r for r in summary if r["gpus"] == 1]
+    tokens = rank["batch_per_gpu"] * rank["seq_len"]
+    gradients = communication_per_step(preset(rank["preset"]), tokens, 2, 1)["allreduce_bytes"]
+    return (
+        f"On {env['machine']}, torch {env['torch']}, TE {env['transformer_engine']} "
+        f"({env['date']}): `{rank['preset']}` with the `{rank['backend']}` experts, batch "
+        f"{rank['batch_per_gpu']} × {rank['seq_len']} tokens per GPU, median of {iters} steps; the "
+        f"1-GPU row is the same script with one process. Results: {_link('h200x2.json')}.\n\n"
+        + _table(["layout", "precision", "ms/step", "tokens/s per GPU", "PFLOP/s per GPU",
+                  "vs 1 GPU", "peak GB per GPU", "NCCL all-to-all / all-reduce ms per step"],
+                 ["---", "---", "---:", "---:", "---:", "---:", "---:", "---"], rows) + "\n\n"
+        f"- EP halves each GPU's expert weights, gradients and optimizer state: "
+        f"{_span([r['peak_memory_gb'] for r in ep], '.1f')} GB per GPU under dp1 × ep2 against "
+        f"{_span([r['peak_memory_gb'] for r in one], '.1f')} on one GPU; it exchanges only the "
+        f"routed tokens (the all-to-all kernels, waiting for the peer included, take "
+        f"{_span([r['nccl_alltoall_ms_per_step_max_rank'] / r['median_ms'] for r in ep], '.1%')} "
+        f"of the step on the slower rank).\n"
+        f"- DP keeps all weights on every GPU and all-reduces {gradients / 1e9:.1f} GB of bf16 "
+        f"gradients per step ({_span([r['nccl_allreduce_ms_per_step_max_rank'] for r in dp], '.1f')} "
+        f"ms, not yet overlapped with the backward pass), hence "
+        f"{_span([r['scaling_efficiency_vs_1_gpu'] for r in dp], '.2f')} of one GPU's rate.")
+
+
+def _matrix_config(model: dict):
+    """The 8-layer model of the 2-GPU matrix run: `mixtral-7l`'s widths with 8 layers (the
+    preset had 8 then; that run is why it has 7), checked against the parameters recorded."""
+    from .config import preset
+    from .distributed import parameter_counts
+
+    config = preset("mixtral-7l", num_layers=model["layers"])
+    if parameter_counts(config)["total"] != model["total_params"]:
+        raise ValueError(f"{model['preset']} is not mixtral-7l with {model['layers']} layers")
+    return config
+
+
+def h200x2_matrix() -> str:
+    """The matrix driver's own table (matrix.markdown_table) of its 2-GPU run, without its
+    line of expert paths (long and cut mid-word; the JSON has them), and the memory arithmetic
+    that sized the `mixtral-7l` preset."""
+    from .bench import datasheet_tflops
+    from .config import preset
+    from .matrix import markdown_table, predicted_state_gib
+
+    name = "h200x2_matrix_mixtral-8l.json"
+    report = _load(name)
+    gpu = report["environment"]["gpu"]
+    table = "\n".join(line for line in markdown_table(report).splitlines()
+                      if not line.startswith("Experts ("))
+    rows = {(r["layout"], r["precision"]): r for r in report["rows"]}
+    bf16, fp8 = rows[("dp2×ep1", "bf16")], rows[("dp2×ep1", "fp8")]
+    config = _matrix_config(report["model"])
+    hf_ran = any(r["model"] == "hf" for r in report["rows"])
+    return (
+        f"From {_link(name)}:\n\n{table}\n\n"
+        f"MFU: PFLOP/s per GPU over the datasheet dense peak of the row's precision (bf16 "
+        f"{datasheet_tflops(gpu, 'bf16'):g}, FP8 {datasheet_tflops(gpu, 'fp8'):g} TFLOP/s per "
+        f"GPU). dp2×ep1 bf16 peaked at {bf16['peak_memory_gb']:.1f} GiB per GPU against "
+        f"{bf16['predicted_state_gib']:.1f} GiB predicted for weights, gradients, AdamW moments and "
+        f"the all-reduce buffer; dp2×ep1 FP8 ({fp8['status']}) needs "
+        f"{predicted_state_gib(config, 2, 1, 'fp8'):.1f} GiB by the same arithmetic with TE's FP8 "
+        f"weight copies (`matrix.predicted_state_gib`), activations on top — which is why "
+        f"`mixtral-7l` has {preset('mixtral-7l').num_layers} layers."
+        + ("" if hf_ran else " The HF row was not reached (the file ends incomplete)."))
+
+
+# ---------------------------------------------------------------------------------------------
+# Published figures (published_recipe.json): quoted, not measured here
+
+def published_recipe() -> str:
+    """The recipe's like-for-like HF comparison and its MXFP8 headline, each with its source
+    file, machine, layout and sequence length (the headline is not a speedup over HF)."""
+    data = _load("published_recipe.json")
+    like, headline = data["comparisons"]["hf_like_for_like"], data["comparisons"]["mxfp8_headline"]
+    base = like["tokens_per_s_per_gpu"][like["baseline"]]
+    chain = " → ".join(f"{name} {value:,.0f}" + ("" if value == base else f" ({value / base:.2f}×)")
+                       for name, value in like["tokens_per_s_per_gpu"].items())
+    te = ", ".join(f"{name} {value:,.0f}" for name, value in headline["tokens_per_s_per_gpu"].items())
+    hf = headline["hf_row"]
+    source = f"`{data['repository']}`"
+    return (
+        f"- Like for like with HF, {like['gpus']}, {like['layout']}, seq {like['seq_len']} "
+        f"({source}, `{like['source_file']}`: {like['source_detail']}): {chain} tokens/s/GPU.\n"
+        f"- The headline \"up to {headline['published_speedup']:g}×\" is "
+        f"{headline['published_speedup_of']}: {headline['gpus']}, {headline['layout']}, seq "
+        f"{headline['seq_len']} ({source}, `{headline['source_file']}`): {te} tokens/s/GPU. "
+        f"The same file's HF row ({hf['tokens_per_s_per_gpu']:,} tokens/s/GPU) "
+        f"ran at {hf['layout']} with {hf['micro_batch_tokens']}-token micro-batches against TE's "
+        f"{headline['micro_batch_tokens']}, so TE/HF in that file compares different layouts.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The small protein MoE on a CPU: `python -m moe_tutorial train --json` (cpu_train_small.json)
+
+def cpu_train() -> str:
+    """What `train` printed, from its --json history: the evaluation rows, then the loss on all
+    validation tokens against the unigram baseline, with the machine and versions."""
+    run = _load("cpu_train_small.json")
+    env, settings = run["environment"], run["settings"]
+    rows = [["0", "", f"{run['val_loss_start']:.3f}", "", ""]]
+    rows += [[str(r["step"]), f"{r['loss']:.3f}", f"{r['val_loss']:.3f}",
+              f"{r['tokens_per_s']:,.0f}", f"{r['elapsed_s'] / 60:.2f}"]
+             for r in run["history"] if "val_loss" in r]
+    last = run["history"][-1]
+    table = _table(["step", "train loss", "validation loss (8 batches)", "tokens/s", "minutes"],
+                   ["---:"] * 5, rows)
+    return (
+        f"{table}\n\nOn all validation tokens the loss goes from **{run['val_loss_start']:.3f} to "
+        f"{run['val_loss_final']:.3f} nats**, against a unigram baseline of "
+        f"**{run['unigram_nats']:.3f} nats** ({run['val_loss_final'] - run['unigram_nats']:+.3f}): "
+        f"{settings['steps']} steps of batch {settings['batch_size']}, "
+        f"{last['elapsed_s'] / 60:.1f} minutes. Measured with `{settings['backend']}` experts on "
+        f"{env['cpu_threads']} CPU threads, Python {env['python']}, torch {env['torch']}, seed "
+        f"{settings['seed']}, {env['date']}: {_link('cpu_train_small.json')}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The regions, rendering and checking
+
+def regions() -> dict[str, Callable[[], str]]:
+    """Region name -> its renderer, in README order."""
+    return {
+        "cpu-train": cpu_train,
+        "h200-environment": h200_environment,
+        "h200-expert-layer": h200_expert_layer,
+        "h200-expert-notes": h200_expert_notes,
+        "h200-train-step": h200_train_step,
+        "h200-targets": h200_targets,
+        "published-recipe": published_recipe,
+        "h200-profile": h200_profile,
+        "h200-history": h200_history,
+        "h200x2-ep": h200x2_ep,
+        "h200x2-matrix": h200x2_matrix,
+    }
+
+
+def _block(name: str, body: str) -> str:
+    return (f"<!-- BEGIN generated: {name} (python -m moe_tutorial docs) -->\n{body.rstrip()}\n"
+            f"<!-- END generated: {name} -->")
+
+
+def render(text: str) -> str:
+    """`text` with every generated region rewritten from the results. Refuses a text whose
+    markers do not pair up with the registry: a region lost in an edit would otherwise stop
+    being checked without anyone noticing."""
+    renderers = regions()
+    names = [m[1] for m in _REGION.finditer(text)]
+    markers = [m.groups() for m in _MARKER.finditer(text)]
+    problems = []
+    if len(markers) != 2 * len(names):
+        problems.append("a BEGIN or END marker without its partner (or a malformed one)")
+    problems += [f"region {n!r} appears {names.count(n)} times" for n in sorted(set(names))
+                 if names.count(n) > 1]
+    problems += [f"region {n!r} is missing" for n in renderers if n not in names]
+    problems += [f"unknown region {n!r}" for n in names if n not in renderers]
+    if problems:
+        raise ValueError("README regions: " + "; ".join(problems))
+    return _REGION.sub(lambda m: _block(m["name"], renderers[m["name"]]()), text)
+
+
+def check(path: str | Path = README, max_lines: int = 12) -> list[str]:
+    """One short unified diff per region whose text differs from what the results say; empty
+    when the README agrees with them."""
+    text = Path(path).read_text()
+    current = {m["name"]: m["body"] for m in _REGION.finditer(text)}
+    wanted = {m["name"]: m["body"] for m in _REGION.finditer(render(text))}
+    problems = []
+    for name, body in wanted.items():
+        if current[name] != body:
+            diff = list(difflib.unified_diff(current[name].splitlines(), body.splitlines(),
+                                             f"README: {name}", f"from {RESULTS_LINK}: {name}",
+                                             n=0, lineterm=""))
+            more = [f"... ({len(diff) - max_lines} more diff lines)"] if len(diff) > max_lines else []
+            problems.append(f"region {name!r} differs from the results:\n"
+                            + "\n".join(diff[:max_lines] + more))
+    return problems
+
+
+def write(path: str | Path = README) -> bool:
+    """Rewrite the regions of `path` in place; True if anything changed."""
+    path = Path(path)
+    text = path.read_text()
+    new = render(text)
+    if new != text:
+        path.write_text(new)
+    return new != text

@@ -18,7 +18,7 @@ import torch
 
 from moe_tutorial import bench, hardware
 from moe_tutorial.experts import ExpertMLP, convert_experts
-from moe_tutorial.quant import recipe_for
+from moe_tutorial.recipes import recipe_for
 from moe_tutorial.routing import route
 
 
@@ -42,7 +42,6 @@ def main() -> None:
             row = {"backend": backend, "recipe": choice.name, "align": align}
             try:
                 module = convert_experts(ref, backend, align=align)
-                module.recipe_name = choice.name
                 inp = x.detach().clone().requires_grad_()
                 with hardware.transformer_engine().autocast(enabled=True, recipe=choice.build()):
                     out = module(inp, indices, weights)

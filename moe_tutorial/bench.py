@@ -275,7 +275,7 @@ def _autocast(recipe):
 def expert_variants(caps) -> list[tuple[str, str]]:
     """(backend, precision) pairs this machine can run: the loop, the grouped bf16 paths, and
     each TE backend under each FP8 recipe TE runs here."""
-    from .quant import supported_recipes
+    from .recipes import supported_recipes
 
     variants = [("naive", "bf16"), ("grouped_torch", "bf16"), ("te_grouped_linear", "bf16"),
                 ("te_ops", "bf16")]  # TE backends run their PyTorch counterparts without TE
@@ -299,7 +299,7 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
     runs `<backend>` with TE's CUTLASS grouped GEMM (`experts.cutlass_grouped_gemm`)."""
     import contextlib
 
-    from . import hardware, quant
+    from . import hardware, recipes
     from .experts import ExpertMLP, convert_experts, cutlass_grouped_gemm
 
     caps = hardware.capabilities()
@@ -327,10 +327,8 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             experts = (convert_experts(base, module_backend) if backend != "naive" else base)
             recipe = None
             if precision != "bf16":
-                choice = quant.recipe_for(caps, precision)
-                recipe = choice.build()
-                experts.align = choice.align
-                experts.recipe_name = choice.name
+                choice = recipes.recipe_for(caps, precision)
+                recipe = choice.build()  # the TE experts read it, and its alignment, from autocast
             x = hidden.detach().clone().requires_grad_()
             w = weights.detach().clone().requires_grad_()
 

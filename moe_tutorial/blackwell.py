@@ -29,7 +29,7 @@ from unittest import mock
 
 import torch
 
-from . import experts, hardware, quant
+from . import experts, hardware, recipes
 
 SHAPES = {"mixtral": dict(num_experts=8, hidden_size=4096, intermediate_size=14336),
           "fine_grained": dict(num_experts=64, hidden_size=2048, intermediate_size=768)}
@@ -38,7 +38,7 @@ FUSED_OP = "GroupedMLP_CuTeGEMMGLU"
 BLACKWELL = hardware.evaluate(hardware.fake_environment("blackwell"))
 
 
-def _te_recipe(spec: quant.RecipeSpec | None):
+def _te_recipe(spec: recipes.RecipeSpec | None):
     """A TE recipe object for a RecipeSpec (None: bf16)."""
     if spec is None:
         return None
@@ -81,19 +81,19 @@ def _build(shape: dict, glu_interleave_size, **changes) -> experts.TEOpsExperts:
 def _cases(shape: dict):
     """(name, module builder, recipe, as_blackwell, capabilities for the prediction): the
     course's construction, then one condition broken at a time."""
-    mxfp8 = quant.recipe_spec("MXFP8BlockScaling")
+    mxfp8 = recipes.recipe_spec("MXFP8BlockScaling")
     course = lambda: _build(shape, experts.FUSED_MLP_GLU_INTERLEAVE)  # noqa: E731
     real = hardware.capabilities()
     return [
         ("course construction, MXFP8 (E4M3)", course, mxfp8, True, BLACKWELL),
-        ("course construction, NVFP4 (with RHT)", course, quant.recipe_spec("NVFP4BlockScaling"),
+        ("course construction, NVFP4 (with RHT)", course, recipes.recipe_spec("NVFP4BlockScaling"),
          True, BLACKWELL),
         ("MXFP8 with Format.HYBRID (E5M2 backward)", course,
-         quant.RecipeSpec("MXFP8BlockScaling", "HYBRID"), True, BLACKWELL),
+         recipes.RecipeSpec("MXFP8BlockScaling", "HYBRID"), True, BLACKWELL),
         ("NVFP4 with disable_rht=True", course,
-         quant.RecipeSpec("NVFP4BlockScaling", disable_rht=True), True, BLACKWELL),
-        ("Float8BlockScaling", course, quant.recipe_spec("Float8BlockScaling"), True, BLACKWELL),
-        ("DelayedScaling", course, quant.recipe_spec("DelayedScaling"), True, BLACKWELL),
+         recipes.RecipeSpec("NVFP4BlockScaling", disable_rht=True), True, BLACKWELL),
+        ("Float8BlockScaling", course, recipes.recipe_spec("Float8BlockScaling"), True, BLACKWELL),
+        ("DelayedScaling", course, recipes.recipe_spec("DelayedScaling"), True, BLACKWELL),
         ("bf16 (no recipe)", course, None, True, BLACKWELL),
         ("glu_interleave_size=None", lambda: _build(shape, None), mxfp8, True, BLACKWELL),
         ("glu_interleave_size=16", lambda: _build(shape, 16), mxfp8, True, BLACKWELL),
@@ -248,10 +248,9 @@ def _fused_forward(caps) -> dict:
     """One forward pass of the course's te_ops experts under MXFP8: did TE's fuser fuse?"""
     from .routing import route
 
-    recipe = quant.recipe_for(caps, "MXFP8BlockScaling")
+    recipe = recipes.recipe_for(caps, "MXFP8BlockScaling")
     module = _build(SHAPES["mixtral"] | dict(hidden_size=1024, intermediate_size=1024),
                     experts.FUSED_MLP_GLU_INTERLEAVE)
-    module.align, module.recipe_name = experts.FUSED_MLP_ROWS_PER_EXPERT, recipe.name
     x = torch.randn(2048, module.hidden_size, dtype=torch.bfloat16, device="cuda")
     weights, indices = route(torch.randn(2048, module.num_experts, device="cuda"), 2)
     with hardware.transformer_engine().autocast(enabled=True, recipe=recipe.build()):

@@ -10,7 +10,7 @@ Every `check_<name>(learner_fn)`:
   cases where MoE code breaks - ties in top-k, an expert that receives no tokens, sizes that are
   not multiples of 32, bf16 inputs, all-zero MXFP8 blocks;
 * compares the learner's results with the package (`routing.route`, `routing.permute`,
-  `experts.naive_experts`, `quant.mxfp8_quantize(rule="te")`, `quant.recipe_for`,
+  `experts.naive_experts`, `quant.mxfp8_quantize(rule="te")`, `recipes.recipe_for`,
   `distributed.exchange_counts`, ...), never with a copy of the solution;
 * runs a function that takes a process group on real ones: gloo groups of fresh processes
   (`moe_tutorial.ranks`), where the learner's function arrives as its source;
@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import distributed, experts, hardware, quant, ranks, routing
+from . import distributed, experts, hardware, quant, ranks, recipes, routing
 
 PASSED, FAILED, NOT_IMPLEMENTED, CHECK_ERROR = "passed", "failed", "not implemented yet", "check error"
 RESULTS: dict[str, str] = {}  # check name -> its latest outcome in this session
@@ -327,8 +327,8 @@ def _reference_te_ops_expert_layer(mlp, hidden, indices, weights, num_experts, a
 
 
 def _reference_choose_recipe(caps, preference="fastest"):
-    """quant.recipe_for"""
-    choice = quant.recipe_for(caps, preference)
+    """recipes.recipe_for"""
+    choice = recipes.recipe_for(caps, preference)
     return choice.name, choice.align
 
 
@@ -1342,7 +1342,7 @@ _ALIGN_WHY = {
                           "NVFP4 to 16 rows; block scaling's 1x128 and 128x128 tiles do not raise it",
     "Float8CurrentScaling": "FP8 tensor-core GEMMs need row counts that are multiples of 16",
     "DelayedScaling": "FP8 tensor-core GEMMs need row counts that are multiples of 16",
-    quant.EMULATED_MXFP8: "MXFP8's blocks are 32 values (the emulation pads like the real recipe)",
+    recipes.EMULATED_MXFP8: "MXFP8's blocks are 32 values (the emulation pads like the real recipe)",
 }
 
 
@@ -1370,7 +1370,7 @@ def _recipe_cases() -> list[Case]:
     cases = []
     for name, environment in machines:
         caps = hardware.evaluate(environment)
-        for preference in quant.PREFERENCES:
+        for preference in recipes.PREFERENCES:
             cases.append(Case(f"{name}, preference {preference!r}", (caps, preference),
                               {"machine": name}))
     return cases
@@ -1379,22 +1379,22 @@ def _recipe_cases() -> list[Case]:
 def _verify_recipe(case: Case, call) -> None:
     caps, preference = case.args
     got = call(caps, preference)
-    if isinstance(got, quant.RecipeChoice):
+    if isinstance(got, recipes.RecipeChoice):
         got = (got.name, got.align)
     name, align = _as_tuple(got, 2, "(recipe name, alignment)")
-    want = quant.recipe_for(caps, preference)
+    want = recipes.recipe_for(caps, preference)
     machine = case.info["machine"]
-    supported = quant.supported_recipes(caps)
+    supported = recipes.supported_recipes(caps)
     if name != want.name:
-        if name not in quant.TE_RECIPES and name != quant.EMULATED_MXFP8:
+        if name not in recipes.TE_RECIPES and name != recipes.EMULATED_MXFP8:
             raise Failure(f"{name!r} is not a recipe name: use a TE recipe class name "
-                          f"({', '.join(quant.TE_RECIPES)}) or {quant.EMULATED_MXFP8!r}")
-        if name in quant.TE_RECIPES and name not in supported:
-            feature = caps[quant.recipe_capability(name)]
-            native = ", ".join(supported) or f"nothing, so MXFP8 is emulated: {quant.EMULATED_MXFP8}"
+                          f"({', '.join(recipes.TE_RECIPES)}) or {recipes.EMULATED_MXFP8!r}")
+        if name in recipes.TE_RECIPES and name not in supported:
+            feature = caps[recipes.recipe_capability(name)]
+            native = ", ".join(supported) or f"nothing, so MXFP8 is emulated: {recipes.EMULATED_MXFP8}"
             raise Failure(f"{machine} cannot run {name} ({feature.reason}): choose among what "
                           f"caps says runs natively ({native})")
-        if name == quant.EMULATED_MXFP8:
+        if name == recipes.EMULATED_MXFP8:
             raise Failure(f"{machine} runs {', '.join(supported)} natively: emulate MXFP8 only "
                           "where no TE FP8 recipe runs")
         raise Failure(f"with preference {preference!r}, {machine} should use {want.name}, yours "
@@ -1405,10 +1405,10 @@ def _verify_recipe(case: Case, call) -> None:
 
 
 def check_choose_recipe(learner_fn) -> bool:
-    """`choose_recipe(caps, preference) -> (recipe name, alignment)` against `quant.recipe_for`
+    """`choose_recipe(caps, preference) -> (recipe name, alignment)` against `recipes.recipe_for`
     on fake Blackwell, Hopper, Ada and CPU machines (`hardware.fake_environment`)."""
     return _run("check_choose_recipe", learner_fn, _recipe_cases(), _verify_recipe,
-                against="quant.recipe_for")
+                against="recipes.recipe_for")
 
 
 def _prediction_cases() -> list[Case]:
@@ -1763,7 +1763,7 @@ def _diagnose_exchange(outcome: dict, counts: torch.Tensor, r: int) -> None:
                       "row s = what ep rank s sends to each local expert")
     if same(want.T) or same(want.flatten().view(per_rank, ep)):
         # With ep == E/ep the shapes agree and only the layout is wrong: say it by rows.
-        arranged = (f"transposed: your row e holds what every source rank sends to local expert e"
+        arranged = ("transposed: your row e holds what every source rank sends to local expert e"
                     if per_rank == ep else
                     f"arranged as [E/ep, ep] = [{per_rank}, {ep}]")
         raise Failure(f"on ep rank {r} your counts are {arranged}: the received buffer holds one "

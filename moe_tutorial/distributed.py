@@ -144,27 +144,6 @@ class ExpertParallelExperts(nn.Module):
     def backend(self) -> str:
         return self.local.backend
 
-    # The model's precision setting configures the experts through these (TE backends only).
-    @property
-    def align(self) -> int:
-        return getattr(self.local, "align", 1)
-
-    @align.setter
-    def align(self, value: int) -> None:
-        self.local.align = value
-
-    @property
-    def recipe_name(self) -> str | None:
-        return getattr(self.local, "recipe_name", None)
-
-    @recipe_name.setter
-    def recipe_name(self, value: str | None) -> None:
-        self.local.recipe_name = value
-
-    @property
-    def glu_interleave_size(self) -> int | None:
-        return getattr(self.local, "glu_interleave_size", None)
-
     @property
     def first_expert(self) -> int:
         return self.layout.ep_rank * (self.num_experts // self.layout.ep)
@@ -217,8 +196,6 @@ def shard_experts(model: nn.Module, layout: Layout, **options) -> nn.Module:
         if backend != local.backend or options:
             local = convert_experts(local, backend, **options)
         layer.mlp.experts = ExpertParallelExperts(local, num_experts, layout)
-        if getattr(model, "precision", None) is not None:  # FP8: the recipe's alignment
-            model._configure_experts(layer.mlp.experts)
     return model
 
 

@@ -37,8 +37,9 @@ parameters (`weight0 .. weight{E-1}`), so switching to them converts the weights
   which shapes make the fused op raise instead.
 
 On a GPU both use TE's permutation kernels (`moe_permute_and_pad_with_probs` / `moe_unpermute`),
-padding each expert's rows to `align` (what the active FP8 recipe needs). Without TE (a CPU) they
-run pure-PyTorch modules with the same parameters and the same semantics, and say so.
+padding each expert's rows to what the recipe of the enclosing `te.autocast` needs, read at every
+forward pass as TE's own ops read it (`rows_alignment`; nothing sets it from outside). Without TE
+(a CPU) they run pure-PyTorch modules with the same parameters and the same semantics, and say so.
 
 Every experts module has `forward(hidden [T, H], indices [T, k], weights [T, k]) -> [T, H]`,
 `.backend`, and `.last_path`: what actually ran in the last forward pass (e.g. when
@@ -57,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import hardware, quant
+from . import hardware, recipes
 from .routing import permute, unpermute
 
 # The fused grouped MLP's shape rules (TE 2.20, ops/fused/grouped_mlp.py; the 256 from TE's
@@ -307,14 +308,23 @@ class _TEExperts(nn.Module):
     backend = ""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype=None,
-                 device=None, align: int = 1):
+                 device=None, align: int | None = None):
         super().__init__()
         self.num_experts, self.hidden_size = num_experts, hidden_size
         self.intermediate_size = intermediate_size
-        self.align = align  # rows per expert are padded to a multiple of this (FP8 needs 16+)
+        # Rows per expert are padded to a multiple of what the active recipe needs, read at every
+        # forward pass (`rows_alignment`); an int here fixes it instead (teaching, tests).
+        self.align = align
         on_gpu = device is not None and torch.device(device).type == "cuda"
         self._te = hardware.transformer_engine() if on_gpu else None
         self.last_path: str | None = None
+
+    def rows_alignment(self, recipe: recipes.RecipeSpec | None) -> int:
+        """Rows per expert for a forward pass under `recipe` (None: bf16): TE's alignment for the
+        recipe (`recipes.alignment`), unless this module was given a fixed `align`."""
+        if self.align is not None:
+            return self.align
+        return recipes.alignment(recipe.name if recipe else None)
 
     @property
     def uses_te(self) -> bool:
@@ -360,7 +370,8 @@ class _TEExperts(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden={self.hidden_size}, "
-                f"intermediate={self.intermediate_size}, align={self.align}, "
+                f"intermediate={self.intermediate_size}, "
+                f"align={'from the active recipe' if self.align is None else self.align}, "
                 f"{'Transformer Engine' if self.uses_te else 'pure-PyTorch counterpart'}")
 
 
@@ -372,7 +383,7 @@ class TEGroupedLinearExperts(_TEExperts):
     backend = "te_grouped_linear"
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
-                 align: int = 1):
+                 align: int | None = None):
         super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
                          align=align)
         te = self._te
@@ -387,11 +398,12 @@ class TEGroupedLinearExperts(_TEExperts):
         return self.gate_up, self.down
 
     def forward(self, hidden, indices, weights):
-        d = dispatch(hidden, indices, weights, self.num_experts, self.align, self._te)
+        align = self.rows_alignment(recipes.active_recipe())
+        d = dispatch(hidden, indices, weights, self.num_experts, align, self._te)
         m_splits = d.m_splits.tolist()  # one host copy, shared by both GEMMs
         y = self.down(swiglu(self.gate_up(d.rows, m_splits)), m_splits)
         impl = "te.GroupedLinear" if self.uses_te else "ReferenceGroupedLinear"
-        self.last_path = (f"{d.path} (align {self.align}) → {impl} → SwiGLU → {impl}"
+        self.last_path = (f"{d.path} (align {align}) → {impl} → SwiGLU → {impl}"
                           + self._fallback_note())
         return d.combine(y, True)
 
@@ -399,7 +411,7 @@ class TEGroupedLinearExperts(_TEExperts):
 def why_unfused(capabilities: hardware.Capabilities, recipe, glu_interleave_size: int | None,
                 hidden_size: int, intermediate_size: int) -> list[str]:
     """Every reason TE's fuser would silently keep the te.ops grouped MLP unfused here (empty:
-    it fuses). `recipe`: None (bf16), a recipe name, a `quant.RecipeSpec` or a TE recipe.
+    it fuses). `recipe`: None (bf16), a recipe name, a `recipes.RecipeSpec` or a TE recipe.
 
     TE 2.20's conditions (`ops/fused/grouped_mlp.py`): `GroupedMLP_CuTeGEMMGLU.is_supported()`
     (the environment variable, compute capability 10.x, cudnn-frontend >= 1.23, the kernels
@@ -411,7 +423,7 @@ def why_unfused(capabilities: hardware.Capabilities, recipe, glu_interleave_size
     fused = capabilities["fused_grouped_mlp"]
     if fused.status != hardware.NATIVE:
         reasons.append(fused.reason)
-    spec = quant.recipe_spec(recipe)
+    spec = recipes.recipe_spec(recipe)
     if spec is None or spec.name not in ("MXFP8BlockScaling", "NVFP4BlockScaling"):
         reasons.append(f"the fused kernel needs an MXFP8 or NVFP4 recipe, this runs "
                        f"{spec.name if spec else 'bf16 (no recipe)'}")
@@ -460,13 +472,12 @@ class TEOpsExperts(_TEExperts):
     backend = "te_ops"
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
-                 align: int = 1, glu_interleave_size: int | None = None,
+                 align: int | None = None, glu_interleave_size: int | None = None,
                  require_fused: bool = False):
         super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
                          align=align)
         self.glu_interleave_size = glu_interleave_size
         self.require_fused = require_fused
-        self.recipe_name: str | None = None  # set by the model's precision setting
         self.fused: bool | None = None
         te = self._te
         if te is None:
@@ -493,27 +504,37 @@ class TEOpsExperts(_TEExperts):
         groups = getattr(self.mlp, "_module_groups", None) or []
         return [type(op).__name__ for g in groups for op, _ in getattr(g, "_forward_ops", [])]
 
+    def rows_alignment(self, recipe):
+        """As for every TE backend, and 256 rows per expert where the fused grouped MLP can run
+        (the 32-wide interleave under a recipe it accepts), whose kernel raises on fewer."""
+        align = super().rows_alignment(recipe)
+        fusable = (self.glu_interleave_size == FUSED_MLP_GLU_INTERLEAVE and recipe is not None
+                   and recipe.name in ("MXFP8BlockScaling", "NVFP4BlockScaling"))
+        return max(align, FUSED_MLP_ROWS_PER_EXPERT) if fusable and self.align is None else align
+
     def forward(self, hidden, indices, weights):
-        d = dispatch(hidden, indices, weights, self.num_experts, self.align, self._te)
+        recipe = recipes.active_recipe()
+        align = self.rows_alignment(recipe)
+        d = dispatch(hidden, indices, weights, self.num_experts, align, self._te)
         splits = d.m_splits  # the same tensor object for both GEMMs
         y = self.mlp(d.rows, splits, d.row_weights, splits)
         if self.uses_te:
             ops = self.fused_ops()
             self.fused = any(name.startswith("GroupedMLP") for name in ops)
             if self.fused:
-                self.last_path = f"{d.path} (align {self.align}) → te.ops fused {ops}"
+                self.last_path = f"{d.path} (align {align}) → te.ops fused {ops}"
             else:
-                reasons = why_unfused(hardware.capabilities(), self.recipe_name,
+                reasons = why_unfused(hardware.capabilities(), recipe,
                                       self.glu_interleave_size, self.hidden_size,
                                       self.intermediate_size)
                 why = "; ".join(reasons) or "TE's fuser declined (conditions above all met)"
                 if self.require_fused:
                     raise RuntimeError(f"te.ops grouped MLP ran unfused and require_fused=True: {why}")
-                self.last_path = (f"{d.path} (align {self.align}) → te.ops unfused "
+                self.last_path = (f"{d.path} (align {align}) → te.ops unfused "
                                   f"{ops}: {why}")
         else:
             self.fused = False
-            self.last_path = (f"{d.path} (align {self.align}) → GroupedLinear → ScaledSwiGLU → "
+            self.last_path = (f"{d.path} (align {align}) → GroupedLinear → ScaledSwiGLU → "
                               f"GroupedLinear" + self._fallback_note())
         return d.combine(y, False)
 

@@ -14,10 +14,12 @@ loss pooled over all layers.
 
 Precision: `set_precision("bf16" | "fp8" | "closest_to_mxfp8" | <TE recipe name>)`. Anything but
 bf16 runs the decoder layers under `te.autocast` with the recipe this GPU supports
-(`quant.recipe_for`): the attention projections become `te.Linear` (q, k and v fused into one
+(`recipes.recipe_for`): the attention projections become `te.Linear` (q, k and v fused into one
 GEMM) and the experts must be a TE backend, so every large GEMM runs in FP8; the router and the
 lm_head stay in bf16 (the router's top-k decisions and the output distribution are the
 precision-sensitive parts).
+The model only enters `te.autocast`: the experts read the recipe from it at every forward pass
+(as TE's own ops do) and pad each expert's rows to what it needs, so nothing is pushed onto them.
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import hardware, quant
+from . import hardware, recipes
 from .config import MoEConfig
-from .experts import (FUSED_MLP_GLU_INTERLEAVE, FUSED_MLP_ROWS_PER_EXPERT, TE_BACKENDS,
-                      TE_EXPERT_CLASSES, ExpertMLP, convert_experts)
+from .experts import TE_BACKENDS, ExpertMLP, convert_experts
 from .routing import Router, load_balancing_loss
 
 IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
@@ -262,7 +263,7 @@ class MoEForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
                                  dtype=dtype, device=device)
         self.reset_parameters()
-        self.precision: quant.RecipeChoice | None = None  # None: bf16/fp32, no autocast
+        self.precision: recipes.RecipeChoice | None = None  # None: bf16/fp32, no autocast
         self._recipe = None  # the TE recipe object used under te.autocast
         self.set_expert_backend(expert_backend)
 
@@ -297,8 +298,6 @@ class MoEForCausalLM(nn.Module):
             _check_backend_runs_recipe(name, self.precision, hardware.capabilities())
         for layer in self.model.layers:
             layer.mlp.experts = convert_experts(layer.mlp.experts, name, **options)
-            if self.precision is not None:
-                self._configure_experts(layer.mlp.experts)
         return self
 
     def expert_paths(self) -> list[str | None]:
@@ -313,13 +312,9 @@ class MoEForCausalLM(nn.Module):
         'Float8CurrentScaling', 'DelayedScaling'). FP8 needs TE on a GPU and TE experts."""
         if precision == "bf16":
             self.precision, self._recipe = None, None
-            for layer in self.model.layers:
-                if isinstance(layer.mlp.experts, tuple(TE_EXPERT_CLASSES.values())):
-                    layer.mlp.experts.align = 1
-                    layer.mlp.experts.recipe_name = None
             return self
         caps = capabilities or hardware.capabilities()
-        choice = quant.recipe_for(caps, "fastest" if precision == "fp8" else precision)
+        choice = recipes.recipe_for(caps, "fastest" if precision == "fp8" else precision)
         te = hardware.transformer_engine()
         device = next(self.parameters()).device
         if not choice.native or te is None or device.type != "cuda":
@@ -334,17 +329,7 @@ class MoEForCausalLM(nn.Module):
         self.precision, self._recipe = choice, choice.build()
         for layer in self.model.layers:
             layer.self_attn.use_te_linear(te)
-        for layer in self.model.layers:
-            self._configure_experts(layer.mlp.experts)
         return self
-
-    def _configure_experts(self, experts: nn.Module) -> None:
-        """Tell TE experts the alignment and recipe of the active precision."""
-        align = self.precision.align
-        if getattr(experts, "glu_interleave_size", None) == FUSED_MLP_GLU_INTERLEAVE:
-            align = max(align, FUSED_MLP_ROWS_PER_EXPERT)  # the fused grouped MLP's rows
-        experts.align = align
-        experts.recipe_name = self.precision.name
 
     def _autocast(self):
         if self._recipe is None:
@@ -420,7 +405,7 @@ class MoEForCausalLM(nn.Module):
         return state
 
 
-def _check_backend_runs_recipe(backend: str, choice: quant.RecipeChoice,
+def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
                                caps: hardware.Capabilities) -> None:
     """Refuse a combination TE cannot run here, before it fails deep inside cuBLAS."""
     cc = caps.env.compute_capability or (0, 0)

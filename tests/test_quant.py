@@ -2,14 +2,12 @@
 MXFP8 invariants under both scale rules, the chapter's measurements and the recipe choice."""
 
 import math
-import sys
-import types
 from fractions import Fraction
 
 import pytest
 import torch
 
-from moe_tutorial import hardware, quant
+from moe_tutorial import probes, quant
 from moe_tutorial.config import preset
 from moe_tutorial.quant import E4M3, E5M2
 
@@ -436,7 +434,7 @@ def test_bytes_per_element_and_moe_activation_memory():
 
 @pytest.fixture(scope="module")
 def model_tensors():
-    return quant.realistic_tensors(batch=4, seq_len=32)
+    return probes.realistic_tensors(batch=4, seq_len=32)
 
 
 def test_realistic_tensors_come_from_a_real_backward_pass(model_tensors):
@@ -463,117 +461,6 @@ def test_error_table_on_model_tensors(model_tensors):
     for name in model_tensors:
         assert by_key[(name, "mxfp8_te")]["saturated"] == 0.0
         assert by_key[(name, "mxfp8_te")]["snr_db"] > by_key[(name, "mxfp8_ocp")]["snr_db"]
-
-
-# ---------------------------------------------------------------------------------------------
-# Recipe choice
-# ---------------------------------------------------------------------------------------------
-
-def machine(kind, **overrides):
-    return hardware.evaluate(hardware.fake_environment(kind, **overrides))
-
-
-@pytest.mark.parametrize("kind,preference,name,align", [
-    ("blackwell", "fastest", "MXFP8BlockScaling", 32),
-    ("blackwell", "closest_to_mxfp8", "MXFP8BlockScaling", 32),
-    ("hopper", "fastest", "DelayedScaling", 16),
-    ("hopper", "closest_to_mxfp8", "Float8BlockScaling", 16),
-    ("hopper", "DelayedScaling", "DelayedScaling", 16),
-    ("blackwell", "Float8BlockScaling", "Float8BlockScaling", 16),
-])
-def test_recipe_for_gpus(kind, preference, name, align):
-    choice = quant.recipe_for(machine(kind), preference)
-    assert (choice.name, choice.native, choice.align) == (name, True, align)
-    assert choice.reason
-
-
-def test_recipe_labels():
-    assert quant.recipe_for(machine("blackwell")).label == (
-        "MXFP8 (native: compute capability 10.x-11.x, e.g. B200/B300)")
-    hopper_block = quant.recipe_for(machine("hopper"), "closest_to_mxfp8")
-    assert hopper_block.label == "FP8 block scaling — Hopper's closest to MXFP8"
-    assert "Device compute capability 10.0" in hopper_block.reason
-
-
-@pytest.mark.parametrize("preference", quant.PREFERENCES)
-def test_recipe_for_cpu_is_emulated(preference):
-    choice = quant.recipe_for(machine("cpu"), preference)
-    assert (choice.name, choice.native, choice.align) == ("emulated_mxfp8", False, 32)
-    assert choice.label == "MXFP8 numerics emulated in PyTorch (no TE on this machine)"
-    with pytest.raises(RuntimeError, match="not a Transformer Engine recipe"):
-        choice.build()
-
-
-def test_recipe_for_gpu_with_te_but_no_fp8():
-    ampere = machine("hopper", gpu_name="NVIDIA A100", compute_capability=(8, 0), te_support={
-        name: (False, "needs compute capability 8.9") for name in ("fp8", "fp8_block_scaling", "mxfp8")})
-    choice = quant.recipe_for(ampere)
-    assert choice.name == "emulated_mxfp8" and "no TE FP8 recipe" in choice.label
-
-
-def test_recipe_for_errors_name_the_gpu_the_recipe_and_the_alternatives():
-    with pytest.raises(ValueError) as error:
-        quant.recipe_for(machine("hopper"), "MXFP8BlockScaling")
-    message = str(error.value)
-    for part in ("NVIDIA H200", "compute capability 9.0", "MXFP8BlockScaling", "Float8BlockScaling",
-                 "Float8CurrentScaling", "DelayedScaling"):
-        assert part in message
-    with pytest.raises(ValueError, match="no CUDA GPU.*no TE recipe"):
-        quant.recipe_for(machine("cpu"), "Float8CurrentScaling")
-    with pytest.raises(ValueError, match="unknown recipe preference 'bf16'.*closest_to_mxfp8"):
-        quant.recipe_for(machine("hopper"), "bf16")
-
-
-def test_recipe_build_constructs_the_te_recipe(monkeypatch):
-    """build() on a machine with TE, with TE's recipe module stood in for."""
-    made = []
-
-    class Format:
-        E4M3, HYBRID = "E4M3", "HYBRID"
-
-    fake = types.ModuleType("transformer_engine.common.recipe")
-    fake.Format = Format
-    for name in quant.TE_RECIPES:
-        setattr(fake, name, lambda fp8_format, name=name: made.append((name, fp8_format)) or name)
-    monkeypatch.setitem(sys.modules, "transformer_engine.common.recipe", fake)
-
-    for preference in quant.TE_RECIPES:
-        assert quant.recipe_for(machine("blackwell"), preference).build() == preference
-    assert made == [("MXFP8BlockScaling", "E4M3"), ("Float8BlockScaling", "E4M3"),
-                    ("Float8CurrentScaling", "HYBRID"), ("DelayedScaling", "HYBRID")]
-
-
-def test_recipe_capability_names_the_capability_row():
-    assert quant.recipe_capability("MXFP8BlockScaling") == "mxfp8"
-    assert quant.recipe_capability("DelayedScaling") == "fp8_delayed"
-    with pytest.raises(ValueError, match="unknown TE recipe 'MXFP4'"):
-        quant.recipe_capability("MXFP4")
-
-
-def test_alignment_is_tes_get_align_size_for_quantization():
-    """TE 2.20, pytorch/quantization.py: 32 for MXFP8, 128 for NVFP4, 16 for every other recipe."""
-    assert quant.alignment("MXFP8BlockScaling") == 32
-    assert quant.alignment("NVFP4BlockScaling") == 128
-    for name in ("Float8BlockScaling", "Float8CurrentScaling", "DelayedScaling"):
-        assert quant.alignment(name) == 16
-    assert quant.alignment(None) == 1 and quant.alignment("emulated_mxfp8") == 32
-    with pytest.raises(ValueError, match="unknown recipe 'FP8'"):
-        quant.alignment("FP8")
-
-
-def test_recipe_spec_reads_names_choices_and_te_like_objects():
-    assert quant.recipe_spec(None) is None
-    assert quant.recipe_spec("DelayedScaling") == quant.RecipeSpec("DelayedScaling", "HYBRID")
-    assert quant.recipe_spec("MXFP8BlockScaling").backward_format == "E4M3"
-
-    class Format:  # stands for transformer_engine.common.recipe.Format
-        def __init__(self, name):
-            self.name = name
-
-    class NVFP4BlockScaling:
-        fp8_format, disable_rht = Format("E4M3"), True
-
-    assert quant.recipe_spec(NVFP4BlockScaling()) == quant.RecipeSpec("NVFP4BlockScaling", "E4M3", True)
 
 
 def test_fp8_block_2d_uses_one_scale_per_128x128_tile():

@@ -13,7 +13,7 @@ from moe_tutorial.experts import (FUSED_MLP_ROWS_PER_EXPERT, ExpertMLP, TEOpsExp
                                   convert_experts, deinterleave_glu, interleave_glu, scaled_swiglu,
                                   swiglu, why_fused_raises, why_unfused)
 from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.quant import RecipeSpec
+from moe_tutorial.recipes import RecipeSpec
 from moe_tutorial.routing import route
 
 
@@ -192,10 +192,30 @@ def test_te_ops_require_fused_option_is_kept():
 
 def test_te_ops_with_block_scaling_is_refused_on_hopper():
     from moe_tutorial.model import _check_backend_runs_recipe
-    from moe_tutorial.quant import recipe_for
+    from moe_tutorial.recipes import recipe_for
 
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
     block = recipe_for(hopper, "Float8BlockScaling")
     with pytest.raises(ValueError, match="no cuBLAS GEMM algorithm on NVIDIA H200"):
         _check_backend_runs_recipe("te_ops", block, hopper)
     _check_backend_runs_recipe("te_grouped_linear", block, hopper)  # this one works
+
+
+@pytest.mark.parametrize("backend, options, recipe, rows", [
+    ("te_grouped_linear", {}, None, 1),
+    ("te_grouped_linear", {}, "DelayedScaling", 16),
+    ("te_grouped_linear", {}, "Float8BlockScaling", 16),
+    ("te_grouped_linear", {}, "MXFP8BlockScaling", 32),
+    ("te_ops", {}, "MXFP8BlockScaling", 32),  # no 32-wide interleave: the fused MLP cannot run
+    ("te_ops", dict(glu_interleave_size=32), "MXFP8BlockScaling", 256),
+    ("te_ops", dict(glu_interleave_size=32), "NVFP4BlockScaling", 256),
+    ("te_ops", dict(glu_interleave_size=32), "DelayedScaling", 16),
+    ("te_ops", dict(glu_interleave_size=32), None, 1),
+    ("te_ops", dict(glu_interleave_size=32, align=64), "MXFP8BlockScaling", 64),  # fixed by hand
+])
+def test_experts_work_out_their_rows_alignment_from_the_recipe(backend, options, recipe, rows):
+    """The experts read the active recipe themselves (no setter pushes it onto them): TE's
+    alignment for the recipe, 256 rows where the fused grouped MLP can run."""
+    module = convert_experts(_experts(E=2, H=64, I=64), backend, **options)
+    assert module.rows_alignment(RecipeSpec(recipe) if recipe else None) == rows
+    assert not hasattr(module, "recipe_name")

@@ -1,0 +1,80 @@
+"""The package's import graph, read from the source (every import, inside functions too): a DAG
+whose arrows point down the declared layers, and a README module table that names every module."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "moe_tutorial"
+
+# Lowest first. A module may import modules of its own layer or below, never above.
+LAYERS = [
+    ("foundations: no imports from the package",
+     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "__init__"}),
+    ("configuration", {"config"}),
+    ("numerics and token movement", {"quant", "routing"}),
+    ("which recipe runs here", {"recipes"}),
+    ("the experts", {"experts"}),
+    ("the model, expert parallelism", {"model", "distributed"}),
+    ("training, probes of a real step", {"train", "probes"}),
+    ("measurement", {"bench"}),
+    ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course"}),
+    ("the benchmark matrix", {"matrix"}),
+    ("the README's numbers", {"docs"}),
+    ("the command line", {"__main__"}),
+]
+LAYER_OF = {module: i for i, (_, modules) in enumerate(LAYERS) for module in modules}
+
+
+def _imports(path: Path) -> set[str]:
+    """The package modules `path` imports, at module level or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("moe_tutorial"):
+            parts = node.module.split(".")
+            found |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("moe_tutorial.")}
+    return {m for m in found if (PACKAGE / f"{m}.py").exists()} - {path.stem}
+
+
+GRAPH = {path.stem: _imports(path) for path in sorted(PACKAGE.glob("*.py"))}
+
+
+def test_every_module_has_a_declared_layer():
+    undeclared = sorted(set(GRAPH) - set(LAYER_OF))
+    assert not undeclared, f"add these modules to LAYERS in tests/test_architecture.py: {undeclared}"
+    assert not sorted(set(LAYER_OF) - set(GRAPH)), "LAYERS names modules that no longer exist"
+
+
+def test_imports_point_down_the_layers():
+    upward = [f"{a} ({LAYERS[LAYER_OF[a]][0]}) imports {b} ({LAYERS[LAYER_OF[b]][0]})"
+              for a, targets in GRAPH.items() for b in sorted(targets) if LAYER_OF[b] > LAYER_OF[a]]
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_the_import_graph_has_no_cycle():
+    state, cycles = {}, []
+
+    def visit(module, path):
+        state[module] = "open"
+        for target in sorted(GRAPH[module]):
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(path[path.index(target):] + [target]))
+            elif target not in state:
+                visit(target, path + [target])
+        state[module] = "done"
+
+    for module in GRAPH:
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_readme_module_table_names_every_module():
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("## The package"):]
+    missing = [m for m in GRAPH if not m.startswith("__") and f"`{m}.py`" not in table]
+    assert not missing, f"the README's module table lacks {missing}"

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .lesson import rel_error
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -250,10 +252,6 @@ def _reset_memory(device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
-
-
 def _precision_kind(precision: str) -> str:
     """'fp8' for a TE recipe, 'bf16' for the plain dtype (bf16 on a GPU, fp32 on a CPU)."""
     return "bf16" if precision in ("bf16", "fp32") else "fp8"
@@ -345,7 +343,7 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             out = step().detach()
             if reference is None:
                 reference = out  # the first variant is the loop
-            row["rel_error"] = _relative_error(out, reference)
+            row["rel_error"] = rel_error(out, reference)
             row["tolerance"] = TOLERANCE[_precision_kind(precision)]
             row["path"] = experts.last_path + (" [NVTE_USE_CUTLASS_GROUPED_GEMM=1]"
                                                if gemm is cutlass_grouped_gemm else "")

@@ -198,7 +198,7 @@ def _shape(value: torch.Tensor, expected, what: str, meaning: str) -> None:
         raise Failure(f"{what} has shape {list(value.shape)}, expected {meaning} = {list(expected)}")
 
 
-def _rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+def _max_rel_difference(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest difference relative to the reference's largest magnitude (NaN counts as huge)."""
     diff = (got.double() - want.double()).abs()
     if torch.isnan(diff).any() or torch.isinf(diff).any():
@@ -638,7 +638,7 @@ def _verify_loop(case: Case, call) -> None:
                           f"gather expert {e}'s tokens and index its weights")
     t = int(token_err.nonzero()[0]) if token_err.any() else 0
     raise Failure(f"token {t} (experts {indices[t].tolist()}) differs from the reference loop by "
-                  f"{_rel_error(out, ref):.1e} (relative): for each expert, gather its tokens, "
+                  f"{_max_rel_difference(out, ref):.1e} (relative): for each expert, gather its tokens, "
                   "down_proj[e] @ (silu(gate) * up) with gate, up = halves of gate_up_proj[e] @ x, "
                   "times the routing weight, added into the token's output")
 
@@ -808,7 +808,7 @@ def _verify_unpermute(case: Case, call) -> None:
         raise Failure("with weights=None you averaged the k outputs: they are already scaled, so "
                       "sum them as they are")
     (t,) = _first(_mismatch(out, ref, tol).any(-1))
-    raise Failure(f"token {t} differs by {_rel_error(out, ref):.1e} (relative): out[t] = "
+    raise Failure(f"token {t} differs by {_max_rel_difference(out, ref):.1e} (relative): out[t] = "
                   "Σ_j weights[t, j] · rows[row_of[t, j]] (the plain sum when weights is None)")
 
 
@@ -895,7 +895,7 @@ def _verify_grouped(case: Case, call) -> None:
                       "offs are the cumulative row ends "
                       "torch.cumsum(m_splits, 0).to(torch.int32), expert e owns rows "
                       "[offs[e-1], offs[e])")
-    raise Failure(f"your output differs from the grouped MLP by {_rel_error(out, ref):.1e} "
+    raise Failure(f"your output differs from the grouped MLP by {_max_rel_difference(out, ref):.1e} "
                   "(relative): per expert block, h = rows @ gate_up_proj[e].T, then "
                   "silu(h[:, :I]) * h[:, I:], then @ down_proj[e].T")
 
@@ -1229,7 +1229,7 @@ def _verify_build(case: Case, call) -> None:
     got = mlp(rows, perm.m_splits, row_weights, perm.m_splits)
     if not _close(got.detach(), want.detach(), _tolerance(dtype)):
         raise Failure(f"your op chain's output differs from experts.ReferenceGroupedMLP's by "
-                      f"{_rel_error(got.detach(), want.detach()):.1e} with the same weights")
+                      f"{_max_rel_difference(got.detach(), want.detach()):.1e} with the same weights")
 
 
 def check_build_grouped_mlp(learner_fn) -> bool:
@@ -1320,7 +1320,7 @@ def _verify_layer(case: Case, call) -> None:
         raise Failure("your output weights every expert's output twice (w²): ScaledSwiGLU already "
                       "multiplied by the routing weights, so unpermute with weights=None")
     raise Failure(f"your output differs from experts.TEOpsExperts' by "
-                  f"{_rel_error(out, ref.detach()):.1e} (relative): permute with the weights and "
+                  f"{_max_rel_difference(out, ref.detach()):.1e} (relative): permute with the weights and "
                   "align, run the chain once, unpermute with weights=None")
 
 

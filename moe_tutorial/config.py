@@ -139,12 +139,12 @@ PRESETS: dict[str, MoEConfig] = {
     #   weights + gradients + AdamW's 2 moments, bf16 (distributed.training_state_per_rank)  8 B/param
     #   + the flat gradient copy that average_gradients all-reduces                         2 B/param
     #   + in FP8, TE's quantized copies of the expert weights: 1 B per expert parameter
-    #     (measured on one H200, mixtral-2l: te_ops FP8 28.3 GiB vs bf16 25.9 GiB, 0.9 B each)
+    #     (matrix.FP8_WEIGHT_COPY_BYTES)
     #   = 97.1 GiB in bf16, 106.2 GiB in FP8, within 85% of the H200's 140 GiB (119 GiB); the
-    #   rest is for activations (~2.5 GiB a layer at 2 × 4096 tokens), the CUDA/NCCL context and
-    #   fragmentation. 8 layers: 110.6 GiB in bf16 (measured on 2 × H200, dp2 × ep1: 110.8) and
-    #   121 GiB in FP8 — that run did not finish a step within 300 s. At dp1 × ep8 a GPU holds
-    #   1.5 B parameters.
+    #   rest is for activations, the CUDA/NCCL context and fragmentation. 8 layers would need
+    #   110.6 GiB in bf16 and 121 GiB in FP8; the 8-layer matrix on 2 × H200
+    #   (benchmarks/results/h200x2_matrix_mixtral-8l.json) did not finish its dp2 × ep1 FP8 step.
+    #   At dp1 × ep8 a GPU holds 1.5 B parameters.
     "mixtral-7l": MoEConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                             num_layers=7, num_heads=32, num_kv_heads=8, num_experts=8, top_k=2,
                             max_seq_len=4096, rope_theta=1e6, norm_eps=1e-5,

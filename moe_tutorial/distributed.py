@@ -252,9 +252,9 @@ def training_state_per_rank(config, dp: int, ep: int, *, bytes_per_param: int | 
     keeps them (4 × 2 bytes in bf16; `bytes_per_param` overrides, e.g. 16 for fp32 master
     weights and moments with bf16 copies). `allreduce_buffer_bytes`: the flat copy of all
     gradients `average_gradients` makes after the backward pass, when the state is complete.
-    Where every rank holds all experts, state + buffer is the step's peak (`mixtral-2l`, one
-    H200: 29.5 GiB predicted, 29.7 measured); with experts sharded the forward's activations can
-    peak higher. Activations and communication buffers come on top of the state.
+    Where every rank holds all experts, state + buffer is the step's peak (compare `mixtral-2l`'s
+    measured peak in the 1-GPU row of benchmarks/results/h200x2.json); with experts sharded the
+    forward's activations can peak higher. Activations and communication buffers come on top of the state.
 
     `fsdp=True`: FSDP2 (`fully_shard`, what NVIDIA's Mixtral recipe calls "data parallel")
     over all dp × ep ranks instead of replicas — every rank keeps 1/(dp·ep) of each parameter

@@ -549,9 +549,8 @@ def cutlass_grouped_gemm() -> Iterator[None]:
 
     TE 2.20 reads `NVTE_USE_CUTLASS_GROUPED_GEMM` at every grouped GEMM call, so the forward
     and the backward pass must both run inside the block. It helps many small experts and
-    costs a little on few large ones (H200, te.GroupedLinear forward + backward: fine-grained
-    shape 14.6 → 10.8 ms, Mixtral shape 1-10% slower), which is why nothing here turns it on. TE ignores it for FP8 and
-    off Hopper."""
+    costs a little on few large ones (the `+cutlass` rows of benchmarks/results/h200.json), which
+    is why nothing here turns it on. TE ignores it for FP8 and off Hopper."""
     previous = os.environ.get(CUTLASS_GROUPED_GEMM_ENV)
     os.environ[CUTLASS_GROUPED_GEMM_ENV] = "1"
     try:

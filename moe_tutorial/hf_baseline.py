@@ -48,9 +48,9 @@ def hf_training_loss(hf_model, input_ids: torch.Tensor) -> torch.Tensor:
 
 # Under torch.compile, transformers before torch 2.14 never drops the causal mask (its
 # `_ignore_causal_mask_sdpa` cannot tell compiling from exporting there), so sdpa receives a
-# materialised [B, 1, S, S] mask, which FlashAttention cannot take: on the H200 the compiled
-# mixtral-2l step then spent 32 ms per step in the memory-efficient attention kernels against 7 ms
-# for FlashAttention, and compiling bought nothing (124 ms either way). Our inputs have no padding,
+# materialised [B, 1, S, S] mask, which FlashAttention cannot take: the compiled step then runs
+# the much slower memory-efficient attention kernels, and compiling buys nothing (seen with
+# mixtral-2l on the H200; torch.profiler shows it). Our inputs have no padding,
 # so the mask is exactly `is_causal=True`; this attention implementation says so to the compiled
 # model, which then runs FlashAttention like the eager one.
 CAUSAL_SDPA = "sdpa_causal_no_mask"

@@ -193,8 +193,9 @@ def model_description(name: str) -> dict:
             "active_params_per_token": config.active_params_per_token()}
 
 
-# TE's FP8 copies of the expert weights, per expert parameter: measured on one H200 with
-# mixtral-2l, te_ops FP8 28.3 GiB vs bf16 25.9 GiB (benchmarks/results/h200.json) = 0.9 B.
+# TE's FP8 copies of the expert weights, per expert parameter: one byte each (an E4M3 copy kept
+# for the backward pass), in line with the peak-memory gap between the te.ops FP8 and bf16 steps
+# of mixtral-2l in benchmarks/results/h200.json.
 FP8_WEIGHT_COPY_BYTES = 1
 
 

@@ -112,7 +112,7 @@ class Rotary:
     rotates the pairs (x_i, x_{i+d/2}) of x [B, S, heads, d] by position-dependent angles.
 
     With Transformer Engine on a GPU it runs TE's fused RoPE kernel (one kernel forward and one
-    backward, angles in fp32; on the H200 7x faster than the five elementwise ops below).
+    backward, angles in fp32) instead of the five elementwise ops below.
     Otherwise HF's arithmetic: cos/sin tables computed in fp32 and rounded to x's dtype, then
     x * cos + rotate_half(x) * sin. `fused` says which ran."""
 
@@ -134,10 +134,10 @@ class Rotary:
         return x * self.cos + torch.cat((-second, first), dim=-1) * self.sin
 
 
-# Attention kernels in order of preference: on the H200, cuDNN's fused attention took 2.0 ms
-# forward + backward for one mixtral-2l layer (batch 2 x 4096, 32 query / 8 KV heads of 128)
-# against 3.8 ms for FlashAttention-2, torch's default; torch falls through to the next backend
-# where one cannot take the inputs (the CPU runs the math backend).
+# Attention kernels in order of preference: cuDNN's fused attention first (faster than
+# FlashAttention-2, torch's default, for mixtral-2l's layers on the H200: see the README's step
+# history and benchmarks/results/h200_cudnn_attention_rope.json); torch falls through to the next
+# backend where one cannot take the inputs (the CPU runs the math backend).
 ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                       SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

@@ -74,9 +74,9 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings,
 
     `torch_adamw` (the default): torch's AdamW, fused on a GPU. `te_fused_adam`: TE's
     FusedAdam, its moments kept in the parameters' dtype like torch's (fp32 moments would add 8
-    bytes per parameter). On the H200 with bf16 parameters (TE 2.20.2, torch 2.11) TE's took
-    31 ms per step of the `mixtral-2l` model against 17 ms for torch's fused AdamW (it converts
-    bf16 moments through fp32 buffers), so it is not the default."""
+    bytes per parameter). With bf16 parameters TE's converts the moments through fp32 buffers
+    and was slower than torch's fused AdamW on the H200 (`bench --optimizer te_fused_adam`
+    measures both), so it is not the default."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; choose one of {OPTIMIZERS}")
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]

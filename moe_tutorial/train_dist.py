@@ -36,6 +36,7 @@ import torch.distributed as dist
 from . import distributed, routing
 from .bench import environment, time_fn
 from .config import preset
+from .lesson import rel_error
 from .model import MoEForCausalLM, next_token_targets
 
 
@@ -94,14 +95,11 @@ def check(args, device) -> dict:
         out.loss.backward()
     distributed.average_gradients(model, layout)
 
-    def rel(a, b):
-        return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-    errors = {"logits": rel(out.logits, ref_out.logits[mine])}
+    errors = {"logits": rel_error(out.logits, ref_out.logits[mine])}
     ref_params = dict(reference.named_parameters())
     for name, p in model.named_parameters():
         if not distributed.is_expert_parameter(name):
-            errors[name] = rel(p.grad, ref_params[name].grad)
+            errors[name] = rel_error(p.grad, ref_params[name].grad)
     # Expert gradients in HF layout (whatever the backend's own layout): this rank's shard.
     per_rank = config.num_experts // args.ep
     first = layout.ep_rank * per_rank if args.ep > 1 else 0
@@ -110,7 +108,7 @@ def check(args, device) -> dict:
         local = experts.local if args.ep > 1 else experts
         ref_grads = ref_layer.mlp.experts.hf_gradients()
         for what, grad, ref in zip(("gate_up_proj", "down_proj"), local.hf_gradients(), ref_grads):
-            errors[f"model.layers.{i}.mlp.experts.{what}"] = rel(
+            errors[f"model.layers.{i}.mlp.experts.{what}"] = rel_error(
                 grad, ref[first:first + local.num_experts])
     worst = max(errors, key=errors.get)
     return {"rank": rank, "dp": args.dp, "ep": args.ep, "max_rel_error": errors[worst],

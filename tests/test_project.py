@@ -6,6 +6,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,3 +68,30 @@ def test_notebooks_in_git_have_no_outputs():
         if any(c.get("outputs") or c.get("execution_count") for c in nb["cells"]):
             dirty.append(path)
     assert not dirty, f"commit these notebooks without outputs: {dirty}"
+
+
+def test_notebooks_use_the_shared_helpers_instead_of_their_own():
+    """`moe_tutorial.lesson` holds what the notebooks share; none defines a copy of it."""
+    import inspect
+
+    from moe_tutorial import lesson
+
+    shared = [name for name, obj in vars(lesson).items()
+              if inspect.isfunction(obj) and obj.__module__ == lesson.__name__]
+    copies = []
+    for path in sorted(ROOT.glob("notebooks/*.ipynb")) + sorted(ROOT.glob("solutions/*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            source = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+            copies += [f"{path.name}: {name}" for name in shared
+                       if re.search(rf"^def {name}\(", source, re.M)]
+    assert shared and not copies, copies
+
+
+def test_rel_error_is_the_frobenius_ratio():
+    import torch
+
+    from moe_tutorial.lesson import rel_error
+
+    want = torch.tensor([3.0, 4.0])
+    assert rel_error(want + torch.tensor([0.3, 0.4]), want) == pytest.approx(0.1)
+    assert rel_error(torch.zeros(2), torch.zeros(2)) == 0.0

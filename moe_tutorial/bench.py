@@ -559,20 +559,26 @@ def format_expert_row(r: dict) -> str:
             f"{r['rel_error']:9.2e} {mem:>6}")
 
 
-def _mfu(tflops_: float, peaks: tuple[float | None, float | None]) -> str:
-    """'measured% / datasheet%' of one peak pair, '-' for a peak this run does not have."""
-    return " / ".join(f"{100 * tflops_ / p:4.1f}%" if p else "-" for p in peaks)
+def mfu_text(tflops_: float, peaks: tuple[float | None, float | None], missing: str = "-") -> str:
+    """'measured% / datasheet%' MFU of one (measured, datasheet) peak pair; `missing` for a
+    peak the run did not record (never a number from elsewhere)."""
+    return " / ".join(f"{100 * tflops_ / p:.1f}%" if p else missing for p in peaks)
+
+
+def row_precision(row: dict) -> str:
+    """A training row's precision; files from before bench recorded it: the variant name's."""
+    return row.get("precision") or train_precision(row["variant"])
 
 
 def format_train_row(r: dict, peaks: Peaks) -> str:
     name = f"{r['variant']:<30}"
     if r.get("status") != "ok":
         return f"{name} {r.get('status', '?').upper():>9}  {r.get('error', '') or r.get('loss_diff', '')}"
-    precision = r.get("precision") or train_precision(r["variant"])
+    precision = row_precision(r)
     mem = f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") is not None else "-"
     return (f"{name} {r['median_ms']:9.1f} {r['tokens_per_s']:11,.0f} {r['tflops']:8.3g} "
-            f"{precision:>5} {_mfu(r['tflops'], peaks.of(precision)):>15} "
-            f"{_mfu(r['tflops'], peaks.of('bf16')):>15} {mem:>6} {r['loss_diff']:9.1e}")
+            f"{precision:>5} {mfu_text(r['tflops'], peaks.of(precision)):>15} "
+            f"{mfu_text(r['tflops'], peaks.of('bf16')):>15} {mem:>6} {r['loss_diff']:9.1e}")
 
 
 EXPERT_HEADER = (f"{'shape':<12} {'routing':<8} {'backend':<25} {'precision':<20} {'ms':>9} "

@@ -38,17 +38,6 @@ FUSED_OP = "GroupedMLP_CuTeGEMMGLU"
 BLACKWELL = hardware.evaluate(hardware.fake_environment("blackwell"))
 
 
-def _te_recipe(spec: recipes.RecipeSpec | None):
-    """A TE recipe object for a RecipeSpec (None: bf16)."""
-    if spec is None:
-        return None
-    from transformer_engine.common import recipe
-
-    if spec.name == "NVFP4BlockScaling":
-        return recipe.NVFP4BlockScaling(disable_rht=spec.disable_rht)
-    return getattr(recipe, spec.name)(fp8_format=getattr(recipe.Format, spec.fp8_format))
-
-
 @contextlib.contextmanager
 def _as_on_blackwell():
     """TE's two machine checks answered as on a B200: the fused op is supported, the device is
@@ -67,7 +56,7 @@ def fuser_choice(module: experts.TEOpsExperts, recipe, *, as_blackwell: bool = T
     from transformer_engine.pytorch.ops.fused import grouped_mlp
 
     with _as_on_blackwell() if as_blackwell else contextlib.nullcontext():
-        ops = grouped_mlp.fuse_glu_ops(list(module.mlp), recipe=_te_recipe(recipe))
+        ops = grouped_mlp.fuse_glu_ops(list(module.mlp), recipe=recipe.build() if recipe else None)
     return [type(op).__name__ for op in ops]
 
 

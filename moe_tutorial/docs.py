@@ -218,30 +218,22 @@ def _train_label(variant: str) -> str:
     return TRAIN_LABELS.get(variant, f"`{variant}`")
 
 
-def _row_precision(row: dict) -> str:
-    """'bf16' or 'fp8'. Files from before bench recorded it: the variant name says it."""
-    from .bench import train_precision
-
-    return row.get("precision") or train_precision(row["variant"])
-
-
 def _mfu(row: dict, report: dict, kind: str) -> str:
-    """'measured / datasheet' MFU against `kind`'s dense peak; 'not measured' for a peak the run
-    did not record (never a number from elsewhere)."""
-    peaks = _peaks(report, kind)
-    if all(p is None for p in peaks):
-        return "not measured"
-    return " / ".join("not measured" if p is None else f"{100 * row['tflops'] / p:.1f}%"
-                      for p in peaks)
+    """'measured / datasheet' MFU against `kind`'s dense peak, as bench prints it."""
+    from .bench import mfu_text
+
+    return mfu_text(row["tflops"], _peaks(report, kind), missing="not measured")
 
 
 def train_step_table(report: dict) -> str:
     """The training-step table of a bench report: MFU against the peak of each row's precision
     (the headline for FP8 rows) and against the bf16 peak, each measured / datasheet."""
+    from .bench import row_precision
+
     best = report["summary"]["train_step_best_variant"]
     rows = []
     for variant, r in _train_rows(report).items():
-        precision = _row_precision(r)
+        precision = row_precision(r)
         cells = [_train_label(variant), "FP8" if precision == "fp8" else precision]
         if r.get("status") != "ok":
             rows.append(cells + [r.get("status", "?").upper()] + ["–"] * 5)
@@ -311,7 +303,7 @@ TARGETS = [
 
 def _target_detail(report: dict, key: str) -> str:
     """Which variant reached the measured value."""
-    from .bench import _precision_kind
+    from .bench import _precision_kind, row_precision
 
     if key.startswith("expert_"):
         shape = "mixtral" if "mixtral" in key else "fine_grained"
@@ -324,7 +316,7 @@ def _target_detail(report: dict, key: str) -> str:
     best = train[report["summary"]["train_step_best_variant"]]
     if key.endswith("peak_mem_ratio_vs_hf_grouped_mm"):
         return f"{best['peak_memory_gb']:.1f} vs {train['hf_grouped_mm']['peak_memory_gb']:.1f} GB"
-    return f"{_train_label(best['variant'])}, {_row_precision(best).replace('fp8', 'FP8')}"
+    return f"{_train_label(best['variant'])}, {row_precision(best).replace('fp8', 'FP8')}"
 
 
 def h200_targets() -> str:

@@ -67,6 +67,7 @@ from .routing import permute, unpermute
 # unfused ops; of the second, makes the fused op raise.
 FUSED_MLP_GLU_INTERLEAVE, FUSED_MLP_FEATURE_MULTIPLE = 32, 64
 FUSED_MLP_ROWS_PER_EXPERT, FUSED_MLP_TOTAL_ROWS_MULTIPLE = 256, 128
+FUSED_MLP_RECIPES = ("MXFP8BlockScaling", "NVFP4BlockScaling")  # the recipes the fuser accepts
 
 TORCH_BACKENDS = ("naive", "grouped_torch")
 TE_BACKENDS = ("te_grouped_linear", "te_ops")
@@ -424,7 +425,7 @@ def why_unfused(capabilities: hardware.Capabilities, recipe, glu_interleave_size
     if fused.status != hardware.NATIVE:
         reasons.append(fused.reason)
     spec = recipes.recipe_spec(recipe)
-    if spec is None or spec.name not in ("MXFP8BlockScaling", "NVFP4BlockScaling"):
+    if spec is None or spec.name not in FUSED_MLP_RECIPES:
         reasons.append(f"the fused kernel needs an MXFP8 or NVFP4 recipe, this runs "
                        f"{spec.name if spec else 'bf16 (no recipe)'}")
     elif spec.name == "MXFP8BlockScaling" and spec.backward_format != "E4M3":
@@ -509,7 +510,7 @@ class TEOpsExperts(_TEExperts):
         (the 32-wide interleave under a recipe it accepts), whose kernel raises on fewer."""
         align = super().rows_alignment(recipe)
         fusable = (self.glu_interleave_size == FUSED_MLP_GLU_INTERLEAVE and recipe is not None
-                   and recipe.name in ("MXFP8BlockScaling", "NVFP4BlockScaling"))
+                   and recipe.name in FUSED_MLP_RECIPES)
         return max(align, FUSED_MLP_ROWS_PER_EXPERT) if fusable and self.align is None else align
 
     def forward(self, hidden, indices, weights):

@@ -81,6 +81,13 @@ class RecipeSpec:
     def backward_format(self) -> str:
         return "E5M2" if self.fp8_format == "HYBRID" else "E4M3"
 
+    def build(self):
+        """The Transformer Engine recipe object this describes (needs TE)."""
+        recipe = importlib.import_module("transformer_engine.common.recipe")
+        if self.name == "NVFP4BlockScaling":
+            return recipe.NVFP4BlockScaling(disable_rht=self.disable_rht)
+        return getattr(recipe, self.name)(fp8_format=getattr(recipe.Format, self.fp8_format))
+
 
 def active_recipe() -> RecipeSpec | None:
     """The recipe of the enclosing `te.autocast` (None outside one, or without TE): what TE's
@@ -130,9 +137,7 @@ class RecipeChoice:
         if not self.native:
             raise RuntimeError(f"{self.name} is not a Transformer Engine recipe on this machine "
                                f"({self.reason}); its numerics run in moe_tutorial.quant instead")
-        recipe = importlib.import_module("transformer_engine.common.recipe")
-        fmt = getattr(recipe.Format, recipe_spec(self.name).fp8_format)
-        return getattr(recipe, self.name)(fp8_format=fmt)
+        return recipe_spec(self.name).build()
 
 
 def _machine_name(capabilities) -> str:

@@ -23,10 +23,16 @@ def _info(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     import torch
 
+    from .checkpoint import CheckpointError, Checkpointing
     from .config import course_mode, preset
     from .data import load_protein_data
     from .model import MoEForCausalLM
     from .train import TrainSettings, evaluate, train
+
+    if args.resume and not args.checkpoint_dir:
+        print("error: --resume needs --checkpoint-dir (the directory the run saved into)",
+              file=sys.stderr)
+        return 2
 
     mode = course_mode(args.mode)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -41,8 +47,17 @@ def _train(args: argparse.Namespace) -> int:
           f"parameters), {args.backend} experts, {device}, {torch.get_num_threads()} threads")
     print(f"data: {data.num_sequences:,} sequences → {data.train.shape[0]:,} training windows of "
           f"{config.max_seq_len} tokens; unigram baseline {data.unigram_nats:.3f} nats")
+    # Seeded: a resumed run's fresh model is the interrupted run's initial one, so this
+    # starting point is the same either way.
     start = evaluate(model, data.val, settings.batch_size, settings.eval_batches)
-    history = train(model, data.train, settings, val=data.val)
+    checkpoint = (Checkpointing(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints)
+                  if args.checkpoint_dir else None)
+    try:
+        history = train(model, data.train, settings, val=data.val, checkpoint=checkpoint,
+                        resume=args.resume)
+    except CheckpointError as exc:  # what is wrong with the checkpoint, not a stack trace
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"\n{'step':>6} {'train loss':>11} {'val loss':>9} {'tokens/s':>9} {'minutes':>8}")
     print(f"{0:>6} {'':>11} {start:>9.3f}")
     for r in history:
@@ -54,7 +69,7 @@ def _train(args: argparse.Namespace) -> int:
           f"{final:.3f} nats; unigram baseline {data.unigram_nats:.3f} ({final - data.unigram_nats:+.3f})")
     if args.json:
         with open(args.json, "w") as f:
-            from .bench import environment
+            from .timing import environment
 
             json.dump({"preset": args.preset, "device": device, "environment": environment(),
                        "settings": {k: v for k, v in vars(args).items() if k != "run"},
@@ -66,7 +81,7 @@ def _train(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     import os
 
-    from . import bench
+    from . import bench, timing
     from .config import preset
 
     partial: list[dict] = []
@@ -79,7 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     def keep(row):  # results so far reach the file even if the run is cut short
         partial.append(row)
-        write({"environment": bench.environment(), "results": partial, "complete": False})
+        write({"environment": timing.environment(), "results": partial, "complete": False})
 
     if args.merge:
         report = bench.merge_reports([json.load(open(path)) for path in args.merge])
@@ -181,6 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--lr", type=float, default=3e-3)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--json", default=None, help="write the history to this JSON file")
+    tr.add_argument("--checkpoint-dir", default=None,
+                    help="save model, optimizer, RNG and data position here (atomically)")
+    tr.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
+    tr.add_argument("--keep-checkpoints", type=int, default=3, help="how many newest to keep")
+    tr.add_argument("--resume", action="store_true",
+                    help="continue from the newest checkpoint in --checkpoint-dir (same settings)")
     tr.set_defaults(run=_train)
 
     from .course import add_build_command, add_run_command

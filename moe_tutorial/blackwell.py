@@ -29,7 +29,7 @@ from unittest import mock
 
 import torch
 
-from . import experts, hardware, recipes
+from . import experts, hardware, recipes, timing
 
 SHAPES = {"mixtral": dict(num_experts=8, hidden_size=4096, intermediate_size=14336),
           "fine_grained": dict(num_experts=64, hidden_size=2048, intermediate_size=768)}
@@ -158,9 +158,7 @@ def dry_run(shapes=tuple(SHAPES), log=print) -> dict:
     if hardware.transformer_engine() is None:
         raise RuntimeError("the dry run calls Transformer Engine's fusion pass: it needs TE on a "
                            f"CUDA GPU ({hardware.capabilities()['te_ops_grouped_mlp'].reason})")
-    from .bench import environment
-
-    report = {"environment": environment(), "what_ran": __doc__.split("\n\n")[1].replace("\n", " "),
+    report = {"environment": timing.environment(), "what_ran": __doc__.split("\n\n")[1].replace("\n", " "),
               "env_variable": env_variable_timing(), "shapes": {}}
     for name in shapes:
         shape = SHAPES[name]
@@ -208,7 +206,7 @@ def validate(log=print, pytest_args=("-m", "gpu", "-q", "-p", "no:cacheprovider"
     from . import bench
 
     caps = hardware.capabilities()
-    report = {"environment": bench.environment(), "capabilities": caps.to_dict(), "skipped": {}}
+    report = {"environment": timing.environment(), "capabilities": caps.to_dict(), "skipped": {}}
     tests = subprocess.run([sys.executable, "-m", "pytest", *pytest_args],
                            capture_output=True, text=True)
     report["gpu_tests"] = {"exit_code": tests.returncode,
@@ -229,7 +227,7 @@ def validate(log=print, pytest_args=("-m", "gpu", "-q", "-p", "no:cacheprovider"
         report["skipped"]["fused_forward"] = caps["fused_grouped_mlp"].reason
     results = bench.run(expert=False, iters=5, warmup=2, log=log)
     report["train_step"] = {k: results[k] for k in ("summary", "results")} | {
-        "peaks": bench.Peaks.from_dict(results).to_dict()}
+        "peaks": timing.Peaks.from_dict(results).to_dict()}
     return report
 
 

@@ -95,14 +95,28 @@ class MoEConfig:
                              f"fields: {[f.name for f in dataclasses.fields(self)]}")
         return dataclasses.replace(self, **overrides)
 
-    def active_params_per_token(self) -> int:
-        """Parameters a token's forward pass multiplies with (attention, top_k experts, router,
-        lm_head; embeddings are a lookup). 6 x this x tokens is the usual training FLOP count."""
-        h, i = self.hidden_size, self.intermediate_size
-        attn = h * self.num_heads * self.head_dim * 2 + h * self.num_kv_heads * self.head_dim * 2
-        experts = self.top_k * 3 * h * i
+    def parameter_counts(self) -> dict[str, int]:
+        """The parameters of the model this config describes, split the way expert parallelism
+        splits them: `expert` (every layer's experts: sharded over the ep group), `dense`
+        (embeddings, attention, norms, routers, lm_head: a full copy on every rank) and `total`.
+        `active_per_token`: those a token's forward pass multiplies with — the dense ones except
+        the embedding (a lookup) and the norms (elementwise scales), and top_k of the
+        num_experts experts; 6 x this x tokens is the usual training FLOP count."""
+        h, d, layers = self.hidden_size, self.head_dim, self.num_layers
+        attention = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2  # q, o and k, v
         router = h * self.num_experts
-        return self.num_layers * (attn + experts + router) + h * self.vocab_size
+        one_expert = 3 * h * self.intermediate_size  # gate, up and down projections
+        norms = layers * 2 * h + h  # two RMSNorms per layer, the final one
+        embedding = lm_head = self.vocab_size * h
+        expert = layers * self.num_experts * one_expert
+        dense = layers * (attention + router) + norms + embedding + lm_head
+        active = dense - embedding - norms + layers * self.top_k * one_expert
+        return {"expert": expert, "dense": dense, "total": expert + dense,
+                "active_per_token": active}
+
+    def active_params_per_token(self) -> int:
+        """`parameter_counts()["active_per_token"]`: what FLOP counts multiply by."""
+        return self.parameter_counts()["active_per_token"]
 
     def to_hf_config_kwargs(self) -> dict:
         """Keyword arguments for transformers' `MixtralConfig` describing the same model."""

@@ -308,29 +308,37 @@ def iterate_batches(
     shuffle: bool = True,
     seed: int = 0,
     epochs: int | None = None,
+    start: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (input_ids, labels), each [batch_size, seq_len], labels shifted by one token.
 
     Each epoch visits the windows in a new order drawn from one generator seeded with `seed`
     (so a run is reproducible); `epochs=None` repeats forever. The incomplete last batch of an
-    epoch is dropped, so every batch has the same shape.
+    epoch is dropped, so every batch has the same shape. `start=n` begins at the n-th batch of
+    that same sequence (a resumed run continues where it stopped): the epochs before it only
+    draw their orders, no window is copied.
     """
     n_windows = packed.shape[0]
     if not 1 <= batch_size <= n_windows:
         raise ValueError(
             f"batch_size={batch_size} must be between 1 and the number of windows ({n_windows})"
         )
+    if start < 0:
+        raise ValueError(f"start={start} must be >= 0 (the number of batches already used)")
+    per_epoch = n_windows // batch_size
     generator = torch.Generator().manual_seed(seed)
-    epoch = 0
+    epoch, skip = divmod(start, per_epoch)
+    for _ in range(epoch if shuffle else 0):
+        torch.randperm(n_windows, generator=generator)  # the skipped epochs' orders
     while epochs is None or epoch < epochs:
         if shuffle:
             order = torch.randperm(n_windows, generator=generator)
         else:
             order = torch.arange(n_windows)
-        for start in range(0, n_windows - batch_size + 1, batch_size):
-            windows = packed[order[start : start + batch_size]]
+        for start_row in range(skip * batch_size, per_epoch * batch_size, batch_size):
+            windows = packed[order[start_row : start_row + batch_size]]
             yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-        epoch += 1
+        epoch, skip = epoch + 1, 0
 
 
 def unigram_cross_entropy(train_packed: torch.Tensor, eval_packed: torch.Tensor) -> float:

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
+
 # The differentiable all-to-all (torch.distributed.nn.functional's is deprecated in its favour).
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch import nn
 
 from .experts import ExpertMLP, convert_experts
 from .routing import permute, sort_by_expert, unpermute
@@ -127,29 +128,25 @@ def received_experts(recv_counts: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(experts, recv_counts.flatten())
 
 
-class ExpertParallelExperts(nn.Module):
-    """The experts of one MoE layer, sharded over an `ep` group: this rank runs `local` (an
-    experts module of any backend holding experts [first, first + E/ep)) on the token copies that
-    every rank of its group routed to them. Same interface as every experts module."""
+class AllToAllDispatcher(nn.Module):
+    """The token dispatcher of expert parallelism: the layer's `num_experts` experts are sharded
+    over an `ep` group, and the `experts` module this rank's layer holds is its shard, experts
+    [first, first + E/ep) of any backend. Every token copy travels to the rank of the group that
+    holds its expert and its output comes back. Same interface as `model.LocalDispatcher`; its
+    `last_path` reads "EP <ep rank>/<ep> (experts <first>..<last>): <what the shard ran>"."""
 
-    def __init__(self, local: nn.Module, num_experts: int, layout: Layout):
+    def __init__(self, num_experts: int, layout: Layout):
         super().__init__()
-        self.local = local
         self.num_experts = num_experts
         self.layout = layout
-        self.hidden_size, self.intermediate_size = local.hidden_size, local.intermediate_size
         self.last_path: str | None = None
-
-    @property
-    def backend(self) -> str:
-        return self.local.backend
 
     @property
     def first_expert(self) -> int:
         return self.layout.ep_rank * (self.num_experts // self.layout.ep)
 
-    def forward(self, hidden: torch.Tensor, indices: torch.Tensor,
-                weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+                experts: nn.Module) -> torch.Tensor:
         ep, group = self.layout.ep, self.layout.ep_group
         per_rank = self.num_experts // ep
         # 1. sort this rank's token copies by (global) expert, in dispatch_order's order: blocks
@@ -166,22 +163,43 @@ class ExpertParallelExperts(nn.Module):
         # 4. local experts: every received row is a "token" routed to one local expert, weighted
         #    by its routing weight; the backend groups them by expert itself
         local_expert = received_experts(recv_counts)
-        out = self.local(recv_rows, local_expert.unsqueeze(1), recv_weights.unsqueeze(1))
+        out = experts(recv_rows, local_expert.unsqueeze(1), recv_weights.unsqueeze(1))
         # 5. back along the same routes, then each token sums its k (already weighted) outputs
         back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
         self.last_path = (f"EP {self.layout.ep_rank}/{ep} (experts {self.first_expert}.."
-                          f"{self.first_expert + per_rank - 1}): {self.local.last_path}")
+                          f"{self.first_expert + per_rank - 1}): {experts.last_path}")
         return unpermute(back, perm, None)
+
+    @torch.no_grad()
+    def full_hf_weights(self, experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """All `num_experts` experts in HF layout, all-gathered from the shards of the ep group
+        (in ep-rank order, which is expert order): a collective every rank of the group calls."""
+        full = []
+        for shard in experts.hf_weights():
+            shards = [torch.empty_like(shard) for _ in range(self.layout.ep)]
+            dist.all_gather(shards, shard, group=self.layout.ep_group)
+            full.append(torch.cat(shards))
+        return full[0], full[1]
+
+    def extra_repr(self) -> str:
+        last = self.first_expert + self.num_experts // self.layout.ep - 1
+        return (f"ep_rank={self.layout.ep_rank}/{self.layout.ep}, "
+                f"experts={self.first_expert}..{last} of {self.num_experts}")
 
 
 def shard_experts(model: nn.Module, layout: Layout, **options) -> nn.Module:
-    """Replace every layer's experts by this rank's shard: E/ep experts with the full model's
-    weights, running the model's current expert backend (`options` go to it, as in
-    `set_expert_backend`). Call it last: after `set_expert_backend` and `set_precision`, with
-    identical full weights on all ranks (same seed, or `broadcast_parameters` first). With
-    ep = 1 nothing is sharded: the experts are replicated like every other weight."""
+    """Give every layer this rank's shard of its experts (`mlp.experts`: E/ep experts with the
+    full model's weights, running the model's current expert backend; `options` go to it, as in
+    `set_expert_backend`) and an `AllToAllDispatcher` (`mlp.dispatcher`) that sends the token
+    copies to the shards. Call it after `set_expert_backend` and `set_precision`, with identical
+    full weights on all ranks (same seed, or `broadcast_parameters` first); both still work on
+    the sharded model, on this rank's shard. With ep = 1 nothing is sharded: the experts are
+    replicated like every other weight."""
     num_experts = model.config.num_experts
     check_layout(layout.world, layout.dp, layout.ep, num_experts)
+    if any(isinstance(layer.mlp.dispatcher, AllToAllDispatcher) for layer in model.model.layers):
+        raise ValueError("this model's experts are already sharded (shard_experts ran on it): "
+                         "shard a model once, from its full weights")
     if layout.ep == 1:
         return model
     backend = model.expert_backend
@@ -195,7 +213,8 @@ def shard_experts(model: nn.Module, layout: Layout, **options) -> nn.Module:
         local.load_hf_weights(gate_up[first:first + per_rank], down[first:first + per_rank])
         if backend != local.backend or options:
             local = convert_experts(local, backend, **options)
-        layer.mlp.experts = ExpertParallelExperts(local, num_experts, layout)
+        layer.mlp.experts = local
+        layer.mlp.dispatcher = AllToAllDispatcher(num_experts, layout)
     return model
 
 
@@ -229,21 +248,35 @@ def average_gradients(model: nn.Module, layout: Layout) -> None:
             offset += g.numel()
 
 
+@torch.no_grad()
+def clip_grad_norm(model: nn.Module, layout: Layout, max_norm: float) -> torch.Tensor:
+    """`torch.nn.utils.clip_grad_norm_` for a sharded model, after `average_gradients`: the norm
+    of the whole model's gradient, not of this rank's part. Dense gradients are the same on
+    every rank, each expert shard's are on its ep rank only, so the squared norm is the dense
+    part plus the expert parts summed over the ep group. Every rank scales by the same factor."""
+    squares = {True: [], False: []}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            squares[is_expert_parameter(name)].append(p.grad.detach().float().pow(2).sum())
+    device = next(model.parameters()).device
+    expert = torch.stack(squares[True]).sum() if squares[True] else torch.zeros((), device=device)
+    dense = torch.stack(squares[False]).sum() if squares[False] else torch.zeros((), device=device)
+    if layout.ep > 1:
+        dist.all_reduce(expert, group=layout.ep_group)
+    total = (dense + expert).sqrt()
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # torch's rule: shrink, never grow
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for dtype, grads in by_dtype.items():
+        torch._foreach_mul_(grads, scale.to(dtype))
+    return total
+
+
 # ---------------------------------------------------------------------------------------------
 # What a (dp, ep) layout costs, computed from the config alone (no process group, no weights):
 # the parameters and training state one rank holds, and the bytes its collectives move per step.
-
-def parameter_counts(config) -> dict[str, int]:
-    """The parameters of the model `config` describes, split the way `average_gradients` splits
-    them: `expert` (every layer's experts: sharded over the ep group) and `dense` (embeddings,
-    attention, norms, routers, lm_head: a full copy on every rank)."""
-    h, heads, kv, d = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
-    expert = config.num_layers * config.num_experts * 3 * h * config.intermediate_size
-    attention = h * heads * d * 2 + h * kv * d * 2  # q, o and k, v projections
-    per_layer = attention + 2 * h + config.num_experts * h  # two RMSNorms, the router
-    dense = config.num_layers * per_layer + 2 * config.vocab_size * h + h  # embed, lm_head, norm
-    return {"expert": expert, "dense": dense, "total": expert + dense}
-
 
 def training_state_per_rank(config, dp: int, ep: int, *, bytes_per_param: int | None = None,
                             fsdp: bool = False) -> dict[str, float]:
@@ -265,7 +298,7 @@ def training_state_per_rank(config, dp: int, ep: int, *, bytes_per_param: int | 
     layer's unsharded weights (with its ep shard of the experts) in the parameters' dtype, on
     top of the state while the layer runs (more with prefetching of the next layer)."""
     check_layout(dp * ep, dp, ep, config.num_experts)
-    counts = parameter_counts(config)
+    counts = config.parameter_counts()
     per_param = bytes_per_param or 4 * config.torch_dtype.itemsize
     itemsize = config.torch_dtype.itemsize
     expert, dense = counts["expert"] // ep, counts["dense"]
@@ -290,7 +323,7 @@ def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
                            activation_bytes: int | None = None,
                            gradient_bytes: int | None = None) -> dict[str, float]:
     """Bytes one rank's collectives move in a training step (forward + backward) of a (dp, ep)
-    layout with `tokens_per_rank` tokens, as `ExpertParallelExperts` and `average_gradients`
+    layout with `tokens_per_rank` tokens, as `AllToAllDispatcher` and `average_gradients`
     move them. Sizes default to the config's dtype.
 
     all-to-all (ep > 1), every MoE layer: the tokens × top_k copies (hidden vectors) go out to
@@ -314,7 +347,7 @@ def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
         weights = copies * 4 * 2  # fp32 routing weights: forward, and their gradients
         counts = config.num_experts * 8  # int64 rows per expert (forward only)
         all_to_all = config.num_layers * (hidden + weights + counts)
-    params = parameter_counts(config)
+    params = config.parameter_counts()
     world = dp * ep
     dense = params["dense"] * grad if world > 1 else 0
     expert = params["expert"] // ep * grad if dp > 1 else 0

@@ -85,7 +85,7 @@ def _fastest(rows: list[dict]) -> dict | None:
 def _peaks(report: dict, kind: str) -> tuple[float | None, float | None]:
     """(measured, datasheet) dense TFLOP/s of `kind` ('bf16' | 'fp8') recorded with a run; None
     where the run did not record it (files from before bench measured an FP8 peak)."""
-    from .bench import Peaks
+    from .timing import Peaks
 
     return Peaks.from_dict(report).of(kind)
 
@@ -170,11 +170,11 @@ def _loop_ms(name: str, shape: str) -> str:
 
 
 def h200_expert_notes() -> str:
-    from .bench import _precision_kind
+    from .bench import precision_kind
 
     experts = [r for r in _load("h200.json")["results"] if r["part"] == "expert"]
     fp8 = [r for r in experts
-           if r.get("status") == "ok" and _precision_kind(r["precision"]) == "fp8"]
+           if r.get("status") == "ok" and precision_kind(r["precision"]) == "fp8"]
     slower = [ratio - 1 for ratio in _cutlass_ratios(experts, "mixtral")]
     faster = [1 / ratio for ratio in _cutlass_ratios(experts, "fine_grained")]
     unsupported = sorted({f"`{_backend_label(r['backend'])}` with `{r['precision']}`"
@@ -209,10 +209,10 @@ def _train_rows(report: dict) -> dict[str, dict]:
 
 
 def _train_label(variant: str) -> str:
-    from .bench import OUR_VARIANTS
+    from .bench import VARIANTS
 
-    if variant in OUR_VARIANTS:
-        backend = OUR_VARIANTS[variant][0]
+    if variant in VARIANTS and not VARIANTS[variant].hf:
+        backend = VARIANTS[variant].backend
         return "ours, " + ("`te.ops` grouped MLP" if backend == "te_ops"
                            else f"`{BACKEND_LABELS[backend]}`")
     return TRAIN_LABELS.get(variant, f"`{variant}`")
@@ -220,7 +220,7 @@ def _train_label(variant: str) -> str:
 
 def _mfu(row: dict, report: dict, kind: str) -> str:
     """'measured / datasheet' MFU against `kind`'s dense peak, as bench prints it."""
-    from .bench import mfu_text
+    from .timing import mfu_text
 
     return mfu_text(row["tflops"], _peaks(report, kind), missing="not measured")
 
@@ -252,8 +252,8 @@ def train_step_table(report: dict) -> str:
 def _train_config(report: dict):
     """The model bench trained (its default on a GPU, `mixtral-2l`), checked against the FLOPs
     the file recorded so the README cannot describe another model than the one timed."""
-    from .bench import model_flops_per_token
     from .config import preset
+    from .timing import model_flops_per_token
 
     config = preset("mixtral-2l")
     row = next(iter(_train_rows(report).values()))
@@ -263,12 +263,10 @@ def _train_config(report: dict):
 
 
 def h200_train_step() -> str:
-    from .distributed import parameter_counts
-
     report = _load("h200.json")
     config, first = _train_config(report)
     ok = [r for r in _train_rows(report).values() if r.get("status") == "ok"]
-    params = parameter_counts(config)["total"]
+    params = config.parameter_counts()["total"]
     return (
         f"**Training step** of `mixtral-2l` (Mixtral-8x7B widths, {config.num_layers} layers, "
         f"{params / 1e9:.1f} B parameters), batch {first['batch']} × {first['seq_len']} tokens, "
@@ -303,14 +301,14 @@ TARGETS = [
 
 def _target_detail(report: dict, key: str) -> str:
     """Which variant reached the measured value."""
-    from .bench import _precision_kind, row_precision
+    from .bench import precision_kind, row_precision
 
     if key.startswith("expert_"):
         shape = "mixtral" if "mixtral" in key else "fine_grained"
         kind = "fp8" if "fp8" in key else "bf16" if "bf16" in key else None
         row = _fastest([r for r in _expert_rows(report, shape) if r["backend"] != "naive"
-                        and (kind is None or _precision_kind(r["precision"]) == kind)])
-        recipe = f", {row['precision']}" if _precision_kind(row["precision"]) == "fp8" else ""
+                        and (kind is None or precision_kind(r["precision"]) == kind)])
+        recipe = f", {row['precision']}" if precision_kind(row["precision"]) == "fp8" else ""
         return f"{_backend_label(row['backend'])}{recipe}"
     train = _train_rows(report)
     best = train[report["summary"]["train_step_best_variant"]]
@@ -361,8 +359,6 @@ def _profile_ms(text: str, name: str) -> float:
 def h200_profile() -> str:
     """Where the time goes, from the profile bench printed into h200.txt (the JSON keeps no
     profile), and the ratios without the optimizer step."""
-    from .distributed import parameter_counts
-
     report = _load("h200.json")
     text = (RESULTS / "h200.txt").read_text()
     variant, steps = re.search(r"^profile of (\S+), (\d+) steps$", text, re.M).groups()
@@ -379,7 +375,7 @@ def h200_profile() -> str:
         f"Where the time goes (torch.profiler over {steps} steps of `{variant}`, in "
         f"{_link('h200.txt')}): the te.ops expert MLPs take {mlp:.1f} ms per step (forward + "
         f"backward), **the AdamW step {adamw:.1f} ms** — bandwidth-bound: "
-        f"{parameter_counts(config)['total'] / 1e9:.1f} B bf16 parameters with bf16 moments. "
+        f"{config.parameter_counts()['total'] / 1e9:.1f} B bf16 parameters with bf16 moments. "
         f"Every variant runs the same fused AdamW over the same parameters, so the optimizer caps "
         f"the ratios: with the profiled {adamw:.1f} ms taken off every step, our forward + "
         f"backward is {ratio('hf_eager'):.2f}× HF eager's and "
@@ -470,10 +466,9 @@ def _matrix_config(model: dict):
     """The 8-layer model of the 2-GPU matrix run: `mixtral-7l`'s widths with 8 layers (the
     preset had 8 then; that run is why it has 7), checked against the parameters recorded."""
     from .config import preset
-    from .distributed import parameter_counts
 
     config = preset("mixtral-7l", num_layers=model["layers"])
-    if parameter_counts(config)["total"] != model["total_params"]:
+    if config.parameter_counts()["total"] != model["total_params"]:
         raise ValueError(f"{model['preset']} is not mixtral-7l with {model['layers']} layers")
     return config
 
@@ -482,9 +477,9 @@ def h200x2_matrix() -> str:
     """The matrix driver's own table (matrix.markdown_table) of its 2-GPU run, without its
     line of expert paths (long and cut mid-word; the JSON has them), and the memory arithmetic
     that sized the `mixtral-7l` preset."""
-    from .bench import datasheet_tflops
     from .config import preset
     from .matrix import markdown_table, predicted_state_gib
+    from .timing import datasheet_tflops
 
     name = "h200x2_matrix_mixtral-8l.json"
     report = _load(name)

@@ -50,9 +50,11 @@ TE fused the te.ops chain).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -270,37 +272,73 @@ def dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
 
 
 class ReferenceGroupedLinear(nn.Module):
-    """`te.GroupedLinear` / `te.ops.GroupedLinear` without bias, in PyTorch: the same per-group
-    parameters `weight0 .. weight{E-1}` ([out, in]), `forward(x, m_splits)`."""
+    """`te.ops.GroupedLinear` in PyTorch, with its constructor defaults (TE 2.20's
+    `ops/basic/grouped_linear.py`, `reset_parameters`): per-group parameters `weight0 ..
+    weight{G-1}` ([out, in], `kaiming_uniform_(a=sqrt(5))` each, as `nn.Linear` draws them) and,
+    with bias=True (TE's default), `bias0 .. bias{G-1}` (zeros); `forward(x, split_sizes)`.
+    (`te.GroupedLinear`, the module, draws its weights from N(0, 0.023²) instead.)"""
 
-    def __init__(self, num_groups: int, in_features: int, out_features: int, *, dtype=None,
-                 device=None):
+    num_extra_inputs = 1  # in a ReferenceSequential: the split sizes
+
+    def __init__(self, num_groups: int, in_features: int, out_features: int, *, bias: bool = True,
+                 device=None, dtype=None):
         super().__init__()
         self.num_groups = num_groups
+        self.in_features, self.out_features, self.use_bias = in_features, out_features, bias
         for g in range(num_groups):
+            weight = torch.empty(out_features, in_features, dtype=dtype, device=device)
             self.register_parameter(f"weight{g}", nn.Parameter(
-                torch.empty(out_features, in_features, dtype=dtype, device=device)))
+                nn.init.kaiming_uniform_(weight, a=math.sqrt(5))))
+        for g in range(num_groups):
+            self.register_parameter(f"bias{g}", nn.Parameter(
+                torch.zeros(out_features, dtype=dtype, device=device)) if bias else None)
 
-    def forward(self, x: torch.Tensor, m_splits) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, split_sizes) -> torch.Tensor:
         weight = torch.stack([getattr(self, f"weight{g}") for g in range(self.num_groups)])
-        offsets = torch.cumsum(torch.as_tensor(m_splits, device=x.device), 0).to(torch.int32)
-        return grouped_mm(x, weight, offsets)[0]
+        splits = torch.as_tensor(split_sizes, device=x.device)
+        y = grouped_mm(x, weight, torch.cumsum(splits, 0).to(torch.int32))[0]
+        if not self.use_bias:
+            return y
+        bias = torch.stack([getattr(self, f"bias{g}") for g in range(self.num_groups)])
+        return y + bias.repeat_interleave(splits, dim=0, output_size=x.shape[0])
 
 
-class ReferenceGroupedMLP(nn.Sequential):
-    """`te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)` in PyTorch: the same
-    parameters (`0.weight{e}`, `2.weight{e}`), called as `(x, splits, scales, splits)`."""
+class ReferenceScaledSwiGLU(nn.Module):
+    """`te.ops.ScaledSwiGLU` in PyTorch (`scaled_swiglu`); its extra input is the per-row scales
+    (the routing weights)."""
 
-    def __init__(self, num_experts, hidden, intermediate, glu_interleave_size, *, dtype, device):
-        super().__init__(
-            ReferenceGroupedLinear(num_experts, hidden, 2 * intermediate, dtype=dtype, device=device),
-            nn.Identity(),  # stands where ScaledSwiGLU stands, so parameter names match TE's
-            ReferenceGroupedLinear(num_experts, intermediate, hidden, dtype=dtype, device=device))
+    num_extra_inputs = 1
+
+    def __init__(self, glu_interleave_size: int | None = None):
+        super().__init__()
         self.glu_interleave_size = glu_interleave_size
 
-    def forward(self, x, fc1_splits, scales, fc2_splits):
-        h = scaled_swiglu(self[0](x, fc1_splits), scales, self.glu_interleave_size)
-        return self[2](h, fc2_splits)
+    def forward(self, x: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        return scaled_swiglu(x, scales, self.glu_interleave_size)
+
+    def extra_repr(self) -> str:
+        return f"glu_interleave_size={self.glu_interleave_size}"
+
+
+class ReferenceSequential(nn.Sequential):
+    """`te.ops.Sequential` in PyTorch: `seq(x, *extra_inputs)` hands each op as many extra
+    inputs as it takes (`num_extra_inputs`), in order."""
+
+    def forward(self, x: torch.Tensor, *extra_inputs):
+        wanted = sum(getattr(op, "num_extra_inputs", 0) for op in self)
+        if len(extra_inputs) != wanted:
+            raise ValueError(f"this op chain takes {wanted} extra inputs (one for each "
+                             f"GroupedLinear and ScaledSwiGLU, in order), got {len(extra_inputs)}")
+        extra = iter(extra_inputs)
+        for op in self:
+            x = op(x, *[next(extra) for _ in range(getattr(op, "num_extra_inputs", 0))])
+        return x
+
+
+# The three `te.ops` of the grouped MLP in PyTorch, addressed as te.ops is (`ops.Sequential(...)`):
+# TEOpsExperts' op chain without TE, and what exercise 04's check builds with.
+torch_ops = SimpleNamespace(Sequential=ReferenceSequential, GroupedLinear=ReferenceGroupedLinear,
+                            ScaledSwiGLU=ReferenceScaledSwiGLU)
 
 
 class _TEExperts(nn.Module):
@@ -392,7 +430,8 @@ class TEGroupedLinearExperts(_TEExperts):
                                     ("down", (intermediate_size, hidden_size))):
             linear = (te.GroupedLinear(num_experts, n_in, n_out, bias=False, params_dtype=dtype,
                                        device=device) if te is not None else
-                      ReferenceGroupedLinear(num_experts, n_in, n_out, dtype=dtype, device=device))
+                      ReferenceGroupedLinear(num_experts, n_in, n_out, bias=False, dtype=dtype,
+                                             device=device))
             self.add_module(name, linear)
 
     def _linears(self):
@@ -480,16 +519,12 @@ class TEOpsExperts(_TEExperts):
         self.glu_interleave_size = glu_interleave_size
         self.require_fused = require_fused
         self.fused: bool | None = None
-        te = self._te
-        if te is None:
-            self.mlp = ReferenceGroupedMLP(num_experts, hidden_size, intermediate_size,
-                                           glu_interleave_size, dtype=dtype, device=device)
-        else:
-            kw = dict(bias=False, device=device, dtype=dtype)
-            self.mlp = te.ops.Sequential(
-                te.ops.GroupedLinear(num_experts, hidden_size, 2 * intermediate_size, **kw),
-                te.ops.ScaledSwiGLU(glu_interleave_size=glu_interleave_size),
-                te.ops.GroupedLinear(num_experts, intermediate_size, hidden_size, **kw))
+        ops = self._te.ops if self.uses_te else torch_ops
+        kw = dict(bias=False, device=device, dtype=dtype)
+        self.mlp = ops.Sequential(
+            ops.GroupedLinear(num_experts, hidden_size, 2 * intermediate_size, **kw),
+            ops.ScaledSwiGLU(glu_interleave_size=glu_interleave_size),
+            ops.GroupedLinear(num_experts, intermediate_size, hidden_size, **kw))
 
     def _linears(self):
         return self.mlp[0], self.mlp[2]

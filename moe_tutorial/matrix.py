@@ -183,14 +183,14 @@ def run_one(run: Run, settings: Settings, gpus: int, peak_tflops: float | None,
 
 def model_description(name: str) -> dict:
     config = preset(name)
-    counts = distributed.parameter_counts(config)
+    counts = config.parameter_counts()
     return {"preset": name, "layers": config.num_layers, "hidden_size": config.hidden_size,
             "intermediate_size": config.intermediate_size, "num_experts": config.num_experts,
             "top_k": config.top_k, "num_heads": config.num_heads,
             "num_kv_heads": config.num_kv_heads, "vocab_size": config.vocab_size,
             "dtype": config.dtype, "total_params": counts["total"],
             "expert_params": counts["expert"],
-            "active_params_per_token": config.active_params_per_token()}
+            "active_params_per_token": counts["active_per_token"]}
 
 
 # TE's FP8 copies of the expert weights, per expert parameter: one byte each (an E4M3 copy kept
@@ -212,7 +212,7 @@ def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple
                out: str | None = None, timeout: float = 300, log=print) -> dict:
     """Every run in order, the report rewritten to `out` after each (an interrupted matrix
     keeps what it measured)."""
-    from .bench import datasheet_tflops, environment
+    from .timing import datasheet_tflops, environment
 
     env = {**environment(), "gpus_used": gpus}
     peaks = {precision: datasheet_tflops(env["gpu"], precision) for precision in PRECISIONS}
@@ -287,7 +287,7 @@ def precision_label(row: dict) -> str:
 def row_mfu(row: dict, gpu_name: str | None) -> float | None:
     """A row's PFLOP/s per GPU over the datasheet peak of its precision (computed, not read from
     the row: reports written before FP8 rows had their own peak divided FP8 by the bf16 peak)."""
-    from .bench import datasheet_tflops
+    from .timing import datasheet_tflops
 
     peak = datasheet_tflops(gpu_name, row["precision"])
     return row["pflops_per_gpu"] * 1e3 / peak if peak else None

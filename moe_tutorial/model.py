@@ -6,8 +6,10 @@
 
 Module and parameter names follow HF transformers 5's `MixtralForCausalLM`, so a state dict
 moves between the two unchanged: `MoEForCausalLM.from_hf(hf_model)` and `to_hf_state_dict()`.
-The MoE block is `routing.Router` + `experts.ExpertMLP`; its `expert_backend` (naive loop,
-grouped GEMM, TE...) can be switched on a live model without touching the weights.
+The MoE block is `routing.Router` → a token dispatcher → `experts.ExpertMLP`; its
+`expert_backend` (naive loop, grouped GEMM, TE...) can be switched on a live model without
+touching the weights, and its dispatcher swapped for expert parallelism
+(`distributed.shard_experts`).
 
 The training loss is HF's: mean next-token cross-entropy + aux_loss_coef × the load-balancing
 loss pooled over all layers.
@@ -203,18 +205,46 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+class LocalDispatcher(nn.Module):
+    """The token dispatcher of a process that holds all the experts: the token copies need not
+    move, the experts backend groups them by expert itself.
+
+    A dispatcher takes every token's k copies to their experts and brings the weighted outputs
+    back: `dispatcher(hidden [T, H], indices [T, k], weights [T, k], experts) -> [T, H]`. It
+    holds no weights (the experts module does) and reports `last_path`, what the last forward
+    pass ran, experts included; `full_hf_weights(experts)` returns all the layer's experts in
+    HF layout, wherever they live. `distributed.AllToAllDispatcher` is the expert-parallel one."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_path: str | None = None
+
+    def forward(self, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+                experts: nn.Module) -> torch.Tensor:
+        out = experts(hidden, indices, weights)
+        self.last_path = experts.last_path
+        return out
+
+    def full_hf_weights(self, experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        return experts.hf_weights()
+
+
 class MoEBlock(nn.Module):
-    """Router + experts. Returns the layer output and the router logits (for the aux loss)."""
+    """Router (`gate`) → `dispatcher` → `experts`. The dispatcher is `LocalDispatcher` until
+    `distributed.shard_experts` swaps in the all-to-all one and leaves `experts` holding this
+    rank's shard. Returns the layer output and the router logits (for the aux loss)."""
 
     def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
         super().__init__()
         self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.top_k, dtype=dtype, device=device)
+        self.dispatcher = LocalDispatcher()
         self.experts = ExpertMLP(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
                                  expert_backend, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         routing = self.gate(x)
-        out = self.experts(x.reshape(-1, x.shape[-1]), routing.indices, routing.weights)
+        out = self.dispatcher(x.reshape(-1, x.shape[-1]), routing.indices, routing.weights,
+                              self.experts)
         return out.view_as(x), routing.logits
 
 
@@ -301,8 +331,8 @@ class MoEForCausalLM(nn.Module):
         return self
 
     def expert_paths(self) -> list[str | None]:
-        """What each layer's experts ran in the last forward pass."""
-        return [layer.mlp.experts.last_path for layer in self.model.layers]
+        """What each layer's dispatcher and experts ran in the last forward pass."""
+        return [layer.mlp.dispatcher.last_path for layer in self.model.layers]
 
     # --- precision ------------------------------------------------------------------------------
     def set_precision(self, precision: str = "bf16",
@@ -392,14 +422,18 @@ class MoEForCausalLM(nn.Module):
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
         """A state dict that transformers' `MixtralForCausalLM.load_state_dict` accepts (TE
-        experts are converted back to the stacked HF layout; TE's `_extra_state` is dropped)."""
+        experts are converted back to the stacked HF layout; TE's `_extra_state` is dropped).
+
+        With the experts sharded over an ep group (`distributed.shard_experts`) every layer's
+        experts are all-gathered from the group: a collective, so every rank of the group must
+        call it (each gets the full state dict; let one rank save it)."""
         state = {k: v for k, v in self.state_dict().items()
                  if ".mlp.experts." not in k and ".self_attn.qkv_proj." not in k
                  and not k.endswith("_extra_state")}
         for i, layer in enumerate(self.model.layers):
             for name, weight in layer.self_attn.hf_projection_weights().items():
                 state[f"model.layers.{i}.self_attn.{name}"] = weight.detach()
-            gate_up, down = layer.mlp.experts.hf_weights()
+            gate_up, down = layer.mlp.dispatcher.full_hf_weights(layer.mlp.experts)
             state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
             state[f"model.layers.{i}.mlp.experts.down_proj"] = down
         return state

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from . import hardware
 from .quant import MX_BLOCK
 
-
 TE_RECIPES = ("MXFP8BlockScaling", "Float8BlockScaling", "Float8CurrentScaling", "DelayedScaling")
 EMULATED_MXFP8 = "emulated_mxfp8"
 PREFERENCES = ("fastest", "closest_to_mxfp8")

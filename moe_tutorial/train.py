@@ -1,16 +1,23 @@
-"""The training loop the notebooks and benchmarks share.
+"""The one training loop: the command line, the notebooks, the expert-parallel launcher and the
+benchmark's loss curves all train with `train`, and time or profile its `train_step`.
 
 AdamW, linear warm-up then cosine decay to `min_lr_ratio × lr`, gradient clipping, loss = LM loss +
 aux_loss_coef × load-balancing loss, a `tqdm.auto` progress bar with tokens/s, periodic
-validation, and a guard that stops with a clear message when the loss stops being finite.
-Seeded: the same settings give the same curve on the same machine.
+validation, a guard that stops with a clear message when the loss stops being finite, and
+checkpoints to resume from (`checkpoint.Checkpointing`). Seeded: the same settings give the same
+curve on the same machine, interrupted and resumed or not.
 
     history = train(model, data.train, TrainSettings(steps=300), val=data.val)
     history[-1]["val_loss"]
 
 Each record of the returned history is a dict (step, lr, loss, lm_loss, aux_loss, grad_norm,
-tokens, elapsed_s (wall clock), tokens_per_s (training steps only), and val_loss on evaluation steps), so a notebook can tabulate
-or plot it directly; `on_step(record)` receives each one as it is made (live widgets).
+tokens, step_ms, elapsed_s (wall clock), tokens_per_s (training steps only), and val_loss on
+evaluation steps), so a notebook can tabulate or plot it directly; `on_step(record)` receives
+each one as it is made (live widgets).
+
+A parallel layout plugs in through two hooks, as in torchtitan's one `train_step`:
+`after_backward()` (expert parallelism averages its gradients there) and `clip_grad_norm(max)`
+(the norm over every rank's shard, not just this rank's).
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 
 import torch
 from tqdm.auto import tqdm
 
+from . import checkpoint as ckpt
 from . import hardware
 from .data import iterate_batches
 
@@ -36,7 +44,7 @@ class TrainSettings:
     warmup_steps: int = 30
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = 1.0
+    grad_clip: float | None = 1.0  # clip the gradient norm to this; None: no clipping
     eval_every: int = 50  # validation every N steps (and after the last step); 0 = never
     eval_batches: int = 8
     seed: int = 0
@@ -113,47 +121,152 @@ def evaluate(model: torch.nn.Module, packed: torch.Tensor, batch_size: int,
     return total / count
 
 
-def train(model: torch.nn.Module, packed: torch.Tensor, settings: TrainSettings = TrainSettings(),
-          *, val: torch.Tensor | None = None, on_step: Callable[[dict], None] | None = None,
-          progress: bool = True) -> list[dict]:
-    """Train `model` on packed windows ([n, seq_len + 1] token ids); returns the history."""
+Forward = Callable[[torch.Tensor, torch.Tensor], object]
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]  # the loss's terms the output named (lm_loss, aux_loss)
+    grad_norm: torch.Tensor | None  # before clipping; None when not clipped
+
+
+def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
+               optimizer: torch.optim.Optimizer, *, grad_clip: float | None = 1.0,
+               forward: Forward | None = None, after_backward: Callable[[], None] | None = None,
+               clip_grad_norm: Callable[[float], torch.Tensor] | None = None,
+               guard: bool = True) -> StepResult:
+    """One optimisation step on `batch` = (inputs, targets): forward, backward, `after_backward()`,
+    gradient clipping, optimizer step. `forward(inputs, targets)` (default: the model) returns an
+    output with `.loss` or the loss itself. `guard`: wait for the loss and the gradient norm and
+    raise `TrainingDiverged` before a non-finite update is applied (the one host sync of the
+    step; a benchmark that times the step turns it off to keep the GPU's queue full)."""
+    inputs, targets = batch
+    output = (forward or model)(inputs, targets)
+    if isinstance(output, torch.Tensor):
+        loss, parts = output, {}
+    else:
+        loss = output.loss
+        parts = {k: getattr(output, k) for k in ("lm_loss", "aux_loss")
+                 if getattr(output, k, None) is not None}
+    # The logits ([batch, seq, vocab], fp32: 1 GiB at the benchmark's size) must not live on
+    # through the backward pass and the optimizer step: only the scalars are kept.
+    del output
+    loss.backward()
+    if after_backward is not None:
+        after_backward()
+    grad_norm = None
+    if grad_clip is not None:
+        grad_norm = (clip_grad_norm(grad_clip) if clip_grad_norm is not None
+                     else torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+    if guard:
+        values = [loss.item()] + ([grad_norm.item()] if grad_norm is not None else [])
+        if not all(math.isfinite(v) for v in values):
+            raise TrainingDiverged(f"loss={values[0]}, gradient norm="
+                                   f"{values[1] if grad_norm is not None else 'not computed'}")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(loss, parts, grad_norm)
+
+
+def _batches(data, batch_size: int, seed: int, start: int):
+    """The run's batches from step `start` on: windows of a packed tensor [n, seq_len + 1]
+    (shuffled per epoch, `data.iterate_batches`), or a given sequence of (inputs, targets)."""
+    if isinstance(data, torch.Tensor):
+        return iterate_batches(data, batch_size, shuffle=True, seed=seed, start=start)
+    return iter(data[start:])
+
+
+def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(), *,
+          val: torch.Tensor | None = None, on_step: Callable[[dict], None] | None = None,
+          progress: bool = True, forward: Forward | None = None,
+          after_backward: Callable[[], None] | None = None,
+          clip_grad_norm: Callable[[float], torch.Tensor] | None = None,
+          checkpoint: ckpt.Checkpointing | None = None, resume: bool = False) -> list[dict]:
+    """Train `model` for `settings.steps` steps; returns the history (one record per step).
+
+    `data`: packed windows ([n, seq_len + 1] token ids, batched and shuffled here), or a
+    sequence of at least `steps` (inputs, targets) batches used in order. `forward`,
+    `after_backward`, `clip_grad_norm`: see `train_step`. `checkpoint`: save there every
+    `checkpoint.every` steps and after the last; `resume=True` continues from the newest
+    checkpoint in that directory (`checkpoint.CheckpointError` if there is none, or it is
+    unreadable, or it was made with other settings or another model)."""
     s = settings
+    if resume and checkpoint is None:
+        raise ValueError("resume=True needs checkpoint=Checkpointing(directory) to resume from")
+    if not isinstance(data, torch.Tensor) and len(data) < s.steps:
+        raise ValueError(f"{len(data)} batches given for {s.steps} steps")
     torch.manual_seed(s.seed)
     device = next(model.parameters()).device
     optimizer = make_optimizer(model, s)
-    batches = iterate_batches(packed, s.batch_size, shuffle=True, seed=s.seed)
-    model.train()
     history: list[dict] = []
-    tokens_seen, train_time, start = 0, 0.0, time.perf_counter()
-    bar = tqdm(range(s.steps), desc="training", unit="step", disable=not progress)
+    first = 0
+    if resume:
+        state = ckpt.load_latest(checkpoint.directory)
+        ckpt.check_same_run(state, "settings", state["settings"], _settings_dict(s))
+        ckpt.check_same_run(state, "model", state.get("config") or {}, _config_dict(model))
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise ckpt.CheckpointError(
+                f"{state['path']} does not fit this model ({str(exc)[:300]}): was it saved with "
+                f"another expert backend or precision? Resume with the same ones") from exc
+        ckpt.set_rng_state(state["rng"])
+        history, first = state["history"], state["step"]
+    batches = _batches(data, s.batch_size, s.seed, first)
+    model.train()
+    last = history[-1] if history else {}
+    tokens_seen = last.get("tokens", 0)
+    train_time = tokens_seen / last["tokens_per_s"] if last else 0.0
+    start = time.perf_counter() - last.get("elapsed_s", 0.0)
+    bar = tqdm(range(first, s.steps), desc="training", unit="step", disable=not progress,
+               initial=first, total=s.steps)
     for step in bar:
         step_start = time.perf_counter()
         lr = learning_rate(step, s)
         for group in optimizer.param_groups:
             group["lr"] = lr
         inputs, targets = (t.to(device, non_blocking=True) for t in next(batches))
-        out = model(inputs, targets)
-        out.loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        loss, grad_norm = out.loss.item(), grad_norm.item()  # one sync per step, for the guard
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        try:
+            result = train_step(model, (inputs, targets), optimizer, grad_clip=s.grad_clip,
+                                forward=forward, after_backward=after_backward,
+                                clip_grad_norm=clip_grad_norm)
+        except TrainingDiverged as exc:
             raise TrainingDiverged(
-                f"step {step}: loss={loss}, gradient norm={grad_norm} — training diverged "
-                f"(lr={lr:.3g}). Lower TrainSettings.lr (try {s.lr / 3:.3g}), lengthen warmup_steps, "
-                f"or train in float32 / bfloat16 rather than float16.")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
+                f"step {step}: {exc} — training diverged (lr={lr:.3g}). Lower TrainSettings.lr "
+                f"(try {s.lr / 3:.3g}), lengthen warmup_steps, or train in float32 / bfloat16 "
+                f"rather than float16.") from None
+        step_s = time.perf_counter() - step_start
         tokens_seen += targets.numel()
-        train_time += time.perf_counter() - step_start  # throughput excludes evaluation
-        record = dict(step=step + 1, lr=lr, loss=loss, lm_loss=out.lm_loss.item(),
-                      aux_loss=out.aux_loss.item(), grad_norm=grad_norm, tokens=tokens_seen,
-                      elapsed_s=time.perf_counter() - start, tokens_per_s=tokens_seen / train_time)
-        last = step + 1 == s.steps
-        if val is not None and s.eval_every and ((step + 1) % s.eval_every == 0 or last):
+        train_time += step_s  # throughput excludes evaluation and checkpoints
+        record = dict(step=step + 1, lr=lr, loss=result.loss.item(), tokens=tokens_seen,
+                      step_ms=step_s * 1e3, elapsed_s=time.perf_counter() - start,
+                      tokens_per_s=tokens_seen / train_time)
+        if result.grad_norm is not None:
+            record["grad_norm"] = result.grad_norm.item()
+        record.update({name: value.item() for name, value in result.parts.items()})
+        done = step + 1 == s.steps
+        if val is not None and s.eval_every and ((step + 1) % s.eval_every == 0 or done):
             record["val_loss"] = evaluate(model, val, s.batch_size, s.eval_batches)
         history.append(record)
-        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
+        if checkpoint is not None and ((step + 1) % checkpoint.every == 0 or done):
+            ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                       "rng": ckpt.rng_state(), "history": history,
+                       "settings": _settings_dict(s), "config": _config_dict(model)},
+                      checkpoint.directory, step + 1, checkpoint.keep)
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
         if on_step is not None:
             on_step(record)
     return history
+
+
+def _settings_dict(s: TrainSettings) -> dict:
+    return {**asdict(s), "betas": list(s.betas)}  # a list, as it reads back from the file
+
+
+def _config_dict(model: torch.nn.Module) -> dict:
+    """The architecture a checkpoint belongs to (our model's config; nothing for other modules,
+    whose state dict's keys and shapes are checked on loading instead)."""
+    config = getattr(model, "config", None)
+    return asdict(config) if is_dataclass(config) else {}

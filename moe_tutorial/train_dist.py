@@ -34,10 +34,10 @@ import torch
 import torch.distributed as dist
 
 from . import distributed, routing
-from .bench import environment, time_fn
 from .config import preset
 from .lesson import rel_error
 from .model import MoEForCausalLM, next_token_targets
+from .timing import environment, time_fn
 
 
 def _setup() -> torch.device:
@@ -102,31 +102,21 @@ def check(args, device) -> dict:
             errors[name] = rel_error(p.grad, ref_params[name].grad)
     # Expert gradients in HF layout (whatever the backend's own layout): this rank's shard.
     per_rank = config.num_experts // args.ep
-    first = layout.ep_rank * per_rank if args.ep > 1 else 0
+    first = layout.ep_rank * per_rank
     for i, (layer, ref_layer) in enumerate(zip(model.model.layers, reference.model.layers)):
-        experts = layer.mlp.experts
-        local = experts.local if args.ep > 1 else experts
         ref_grads = ref_layer.mlp.experts.hf_gradients()
-        for what, grad, ref in zip(("gate_up_proj", "down_proj"), local.hf_gradients(), ref_grads):
+        for what, grad, ref in zip(("gate_up_proj", "down_proj"), layer.mlp.experts.hf_gradients(),
+                                   ref_grads):
             errors[f"model.layers.{i}.mlp.experts.{what}"] = rel_error(
-                grad, ref[first:first + local.num_experts])
+                grad, ref[first:first + per_rank])
+    # The norm the training loop clips by: the whole model's, from every rank's shard (an
+    # infinite max_norm measures it without scaling anything)
+    errors["gradient norm"] = rel_error(
+        distributed.clip_grad_norm(model, layout, float("inf")),
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), float("inf")))
     worst = max(errors, key=errors.get)
     return {"rank": rank, "dp": args.dp, "ep": args.ep, "max_rel_error": errors[worst],
-            "worst": worst, "starved_experts": starve,
-            "path": model.model.layers[0].mlp.experts.last_path}
-
-
-def _step_fn(loss, model, layout, optimizer):
-    """One training step: `loss()` (this rank's batch), backward, gradients averaged over the
-    world (`average_gradients`), optimizer step."""
-
-    def step():
-        loss().backward()
-        distributed.average_gradients(model, layout)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
+            "worst": worst, "starved_experts": starve, "path": model.expert_paths()[0]}
 
 
 MODELS = ("ours", "hf")
@@ -147,22 +137,22 @@ def check_hf_args(args) -> None:
                          f"FP8 is what our model adds (use --model ours)")
 
 
-def _bench_model(args, config, layout, ids):
-    """(module, loss() of `ids`) of the benchmarked model. Both models start from the same
-    seeded weights: HF's is a copy of ours (`hf_mixtral`), so shapes and values match."""
+def _bench_model(args, config, layout, device):
+    """(module, forward for `train_step`) of the benchmarked model. Both models start from the
+    same seeded weights: HF's is a copy of ours (`hf_mixtral`), so shapes and values match."""
     torch.manual_seed(0)
-    model = MoEForCausalLM(config, device=ids.device)
+    model = MoEForCausalLM(config, device=device)
     if args.model == "hf":
         from .hf_baseline import hf_mixtral, hf_training_loss
 
         hf = hf_mixtral(model, "grouped_mm")
         del model  # only HF's copy of the weights stays on the device
-        return hf, lambda: hf_training_loss(hf, ids)  # HF shifts the labels as next_token_targets does
+        # HF shifts labels=input_ids itself: the targets next_token_targets gives ours
+        return hf, lambda inputs, targets: hf_training_loss(hf, inputs)
     model.set_expert_backend(args.backend)
     model.set_precision(args.precision)
     distributed.shard_experts(model, layout)
-    targets = next_token_targets(ids)
-    return model, lambda: model(ids, targets).loss
+    return model, None
 
 
 def bench(args, device) -> dict:
@@ -171,7 +161,7 @@ def bench(args, device) -> dict:
     gradient averaging, same batches)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .train import TrainSettings, make_optimizer
+    from .train import TrainSettings, make_optimizer, train_step
 
     if args.model == "hf":
         check_hf_args(args)
@@ -182,9 +172,14 @@ def bench(args, device) -> dict:
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     ids = _global_batch(config, world, args.batch, args.seq_len, device)
     rank = dist.get_rank()
-    model, loss = _bench_model(args, config, layout, ids[rank * args.batch:(rank + 1) * args.batch])
+    mine = ids[rank * args.batch:(rank + 1) * args.batch]
+    model, forward = _bench_model(args, config, layout, device)
     optimizer = make_optimizer(model, TrainSettings(lr=1e-5, steps=2, warmup_steps=0))
-    step = _step_fn(loss, model, layout, optimizer)
+
+    def step():  # the training loop's step, timed as bench.py times it (no clipping, no sync)
+        train_step(model, (mine, next_token_targets(mine)), optimizer, grad_clip=None,
+                   forward=forward, guard=False,
+                   after_backward=lambda: distributed.average_gradients(model, layout))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timing = time_fn(step, warmup=args.warmup, iters=args.iters, device=device)
@@ -215,43 +210,43 @@ def bench(args, device) -> dict:
 
 
 def train(args, device) -> dict:
-    """Expert-parallel training on the shipped protein data: each rank its own batches."""
-    from .data import iterate_batches, load_protein_data
-    from .train import TrainSettings, evaluate, learning_rate, make_optimizer
+    """Expert-parallel training on the shipped protein data with the course's loop
+    (`train.train`): each rank its own batches, gradients averaged after the backward pass,
+    clipped by the whole model's norm."""
+    from .data import load_protein_data
+    from .train import TrainSettings, evaluate
+    from .train import train as train_loop
 
     rank, world = dist.get_rank(), dist.get_world_size()
     config = preset(args.preset)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     data = load_protein_data(config.max_seq_len, max_sequences=args.max_sequences)
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the same initial weights on every rank
     model = MoEForCausalLM(config, device=device)
     model.set_expert_backend(args.backend)
     distributed.shard_experts(model, layout)
     settings = TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
-                             warmup_steps=max(1, args.steps // 10))
-    optimizer = make_optimizer(model, settings)
-    batches = iterate_batches(data.train, args.batch, seed=rank)  # each rank its own data
-    history, start = [], time.perf_counter()
-    for i in range(args.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(i, settings)
-        inputs, targets = (t.to(device) for t in next(batches))
-        out = model(inputs, targets)
-        out.loss.backward()
-        distributed.average_gradients(model, layout)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss = torch.tensor([out.lm_loss.item()], device=device)
-        dist.all_reduce(loss)
-        history.append({"step": i + 1, "loss": loss.item() / world,
-                        "elapsed_s": time.perf_counter() - start})
-        if rank == 0 and (i + 1) % max(1, args.steps // 10) == 0:
-            print(f"step {i + 1:>5}  loss {history[-1]['loss']:.3f}", flush=True)
+                             warmup_steps=max(1, args.steps // 10), eval_every=0,
+                             seed=rank)  # the seed of the data order: each rank its own batches
+    start = time.perf_counter()
+
+    def log(record):
+        if rank == 0 and record["step"] % max(1, args.steps // 10) == 0:
+            print(f"step {record['step']:>5}  loss {record['lm_loss']:.3f} (rank 0)", flush=True)
+
+    history = train_loop(model, data.train, settings, on_step=log, progress=False,
+                         after_backward=lambda: distributed.average_gradients(model, layout),
+                         clip_grad_norm=lambda max_norm: distributed.clip_grad_norm(
+                             model, layout, max_norm))
+    elapsed = time.perf_counter() - start
+    losses = torch.tensor([r["lm_loss"] for r in history], device=device)
+    dist.all_reduce(losses)  # one collective for the whole curve: the mean over ranks per step
     val = evaluate(model, data.val, args.batch, max_batches=4)
-    return {"rank": rank, "dp": args.dp, "ep": args.ep, "history": history,
+    return {"rank": rank, "dp": args.dp, "ep": args.ep,
+            "history": [{"step": r["step"], "loss": loss / world, "elapsed_s": r["elapsed_s"]}
+                        for r, loss in zip(history, losses.tolist())],
             "val_loss": val, "unigram_nats": data.unigram_nats,
-            "tokens_per_s_per_rank": args.steps * args.batch * config.max_seq_len / (
-                time.perf_counter() - start)}
+            "tokens_per_s_per_rank": args.steps * args.batch * config.max_seq_len / elapsed}
 
 
 MODES = {"check": check, "bench": bench, "train": train}

@@ -5,8 +5,8 @@ A loop reports one point per step (or per benchmark configuration) and the dashb
     dash = LiveDashboard("experts: loop vs grouped", baseline="naive", x_title="experts", total=12)
     for E in expert_counts:
         for backend in ("naive", "grouped_torch"):
-            timing = bench.time_fn(step, device=device)        # the timed region
-            dash.update(backend, E, tokens / (timing.median_ms / 1e3))   # outside it
+            t = timing.time_fn(step, device=device)        # the timed region
+            dash.update(backend, E, tokens / (t.median_ms / 1e3))   # outside it
     fig = dash.finish()          # a static plotly figure and a table, whatever the frontend
 
 In JupyterLab the panels — tokens/s per variant, speedup against the baseline, memory (and
@@ -349,7 +349,7 @@ class LiveDashboard:
     def train_callback(self, variant: str, device=None) -> Callable[[dict], None]:
         """An `on_step` for `moe_tutorial.train.train`: tokens/s, loss and (on CUDA) peak memory
         of every step. train() calls it after the step's clock has stopped."""
-        from .bench import peak_memory_gb  # torch is imported only by code that trains
+        from .timing import peak_memory_gb  # torch is imported only by code that trains
 
         def on_step(record: dict) -> None:
             metrics = {"loss": record["loss"]}

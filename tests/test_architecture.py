@@ -10,13 +10,15 @@ PACKAGE = ROOT / "moe_tutorial"
 # Lowest first. A module may import modules of its own layer or below, never above.
 LAYERS = [
     ("foundations: no imports from the package",
-     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "lesson", "__init__"}),
+     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "__init__"}),
     ("configuration", {"config"}),
+    ("measuring: clocks, FLOP counts, peaks, memory", {"timing"}),
+    ("what the notebooks share: a run's mode and sizes come from the config", {"lesson"}),
     ("numerics and token movement", {"quant", "routing"}),
     ("which recipe runs here", {"recipes"}),
     ("the experts", {"experts"}),
     ("the model, expert parallelism", {"model", "distributed"}),
-    ("training, probes of a real step", {"train", "probes"}),
+    ("training (and resuming it), probes of a real step", {"train", "checkpoint", "probes"}),
     ("measurement", {"bench"}),
     ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course"}),
     ("the benchmark matrix", {"matrix"}),
@@ -26,21 +28,37 @@ LAYERS = [
 LAYER_OF = {module: i for i, (_, modules) in enumerate(LAYERS) for module in modules}
 
 
+def _module_of(path: Path) -> str:
+    """The package module a source file belongs to: `x.py` is module x, and every file of a
+    subpackage `x/` (a directory with an `__init__.py`) is part of module x."""
+    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+
+
+def _is_module(name: str) -> bool:
+    return (PACKAGE / f"{name}.py").exists() or (PACKAGE / name / "__init__.py").exists()
+
+
 def _imports(path: Path) -> set[str]:
-    """The package modules `path` imports, at module level or inside functions."""
+    """The package modules `path` imports, at module level or inside functions; imports between
+    the files of one subpackage are internal to it."""
+    # a relative import of this many dots starts at moe_tutorial/ (fewer: inside the subpackage)
+    package_level = len(path.relative_to(PACKAGE).parts)
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
+        if isinstance(node, ast.ImportFrom) and node.level == package_level:
             found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("moe_tutorial"):
             parts = node.module.split(".")
             found |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("moe_tutorial.")}
-    return {m for m in found if (PACKAGE / f"{m}.py").exists()} - {path.stem}
+    return {m for m in found if _is_module(m)} - {_module_of(path)}
 
 
-GRAPH = {path.stem: _imports(path) for path in sorted(PACKAGE.glob("*.py"))}
+GRAPH: dict[str, set[str]] = {}
+for _path in sorted(PACKAGE.rglob("*.py")):
+    if _is_module(_module_of(_path)):  # not a script in a folder that is no subpackage
+        GRAPH.setdefault(_module_of(_path), set()).update(_imports(_path))
 
 
 def test_every_module_has_a_declared_layer():
@@ -76,5 +94,6 @@ def test_the_import_graph_has_no_cycle():
 def test_the_readme_module_table_names_every_module():
     readme = (ROOT / "README.md").read_text()
     table = readme[readme.index("## The package"):]
-    missing = [m for m in GRAPH if not m.startswith("__") and f"`{m}.py`" not in table]
+    spelled = {m: f"`{m}/`" if (PACKAGE / m).is_dir() else f"`{m}.py`" for m in GRAPH}
+    missing = [m for m in GRAPH if not m.startswith("__") and spelled[m] not in table]
     assert not missing, f"the README's module table lacks {missing}"

@@ -2,53 +2,13 @@
 
 import json
 import os
-import time
 
 import pytest
 import torch
 
-from moe_tutorial import bench
+from moe_tutorial import bench, timing
 from moe_tutorial.__main__ import main
 from moe_tutorial.config import preset
-
-
-def test_time_fn_reports_the_median():
-    calls = []
-    t = bench.time_fn(lambda: calls.append(1), warmup=2, iters=5)
-    assert len(calls) == 7 and t.iters == 5 and t.timer == "perf_counter"
-    assert t.min_ms <= t.median_ms <= t.max_ms
-    with pytest.raises(ValueError, match="iters"):
-        bench.time_fn(lambda: None, iters=0)
-
-
-def test_time_fns_interleaves_the_variants():
-    order = []
-    timings = bench.time_fns({"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-                             warmup=1, iters=3)
-    assert order == ["a", "b"] * 4  # one warm-up round, then three timed rounds, a and b alternating
-    assert set(timings) == {"a", "b"} and all(t.iters == 3 for t in timings.values())
-
-
-def test_time_fns_spreads_a_slow_spell_over_all_variants():
-    # The machine is slow for the first three calls: timed one after the other, variant "first"
-    # would absorb all of it; interleaved, each variant gets at most two slow calls of three.
-    calls = []
-
-    def work():
-        calls.append(1)
-        time.sleep(0.02 if len(calls) <= 3 else 0.0)
-
-    timings = bench.time_fns({"first": work, "second": work}, warmup=0, iters=5)
-    assert timings["first"].median_ms < 10 and timings["second"].median_ms < 10
-
-
-def test_flop_counts():
-    # 18·T·k·H·I for forward + backward of the expert MLP
-    assert bench.expert_mlp_flops(8192, 2, 4096, 14336) == 18 * 8192 * 2 * 4096 * 14336
-    assert bench.expert_mlp_flops(10, 1, 2, 3, backward=False) == 6 * 10 * 2 * 3
-    assert bench.tflops(2e12, 1000.0) == pytest.approx(2.0)
-    cfg = preset("mixtral-2l")
-    assert bench.model_flops_per_token(cfg, 4096) == 6 * cfg.active_params_per_token() + 12 * 2 * 4096 * 4096
 
 
 def test_skewed_routing_is_skewed():
@@ -127,7 +87,7 @@ def test_oom_and_errors_do_not_stop_the_run(monkeypatch):
     def oom(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
 
-    monkeypatch.setattr(bench, "_build_train_variant", oom)
+    monkeypatch.setattr(bench.Variant, "build", oom)
     rows = bench.bench_train_step(preset("tiny"), ["hf_eager", "ours_grouped_torch_bf16"],
                                   batch=1, seq_len=16, device="cpu", warmup=0, iters=1)
     assert [r["status"] for r in rows] == ["OOM", "OOM"]
@@ -197,14 +157,15 @@ def test_merging_the_parts_of_a_run(tmp_path):
 
 
 def test_fp8_rows_quote_mfu_against_the_fp8_peak_and_say_which():
-    peaks = bench.Peaks(bf16_measured=800.0, bf16_datasheet=1000.0, fp8_measured=1600.0,
+    peaks = timing.Peaks(bf16_measured=800.0, bf16_datasheet=1000.0, fp8_measured=1600.0,
                         fp8_datasheet=2000.0)
     row = dict(variant="ours_te_ops_fp8", status="ok", median_ms=80.0, tokens_per_s=1e5,
                tflops=400.0, peak_memory_gb=20.0, loss_diff=0.0, precision="fp8")
     line = bench.format_train_row(row, peaks)
     assert "25.0% / 20.0%" in line and "50.0% / 40.0%" in line  # own (FP8) peak, then bf16
     assert "fp8" in line and "own peak" in bench.TRAIN_HEADER
-    old = bench.Peaks.from_dict({"dense_bf16_tflops_measured": 800.0, "datasheet_bf16_tflops": 1000.0})
+    old = timing.Peaks.from_dict({"dense_bf16_tflops_measured": 800.0, "datasheet_bf16_tflops": 1000.0})
     assert "- / -" in bench.format_train_row(row, old)  # a file without FP8 peaks: not invented
-    assert bench.train_precision("hf_eager") == "bf16"
-    assert bench.datasheet_tflops("NVIDIA H200", "fp8") == 1978.9
+    assert bench.VARIANTS["hf_eager"].precision_kind == "bf16"
+    assert bench.VARIANTS["ours_te_ops_fp8"].precision_kind == "fp8"
+    assert timing.datasheet_tflops("NVIDIA H200", "fp8") == 1978.9

@@ -735,7 +735,7 @@ def exchange_with_split_sizes_that_differ(tokens_per_expert, group):
 
 
 def test_a_deadlocked_exchange_is_reported_not_waited_for(capsys, monkeypatch):
-    monkeypatch.setattr(checks, "EXCHANGE_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(checks.expert_parallel_dispatch, "EXCHANGE_TIMEOUT_S", 2.0)
     ok, out = _run("check_exchange_counts", exchange_only_on_rank_0, capsys)
     assert not ok and "ep rank 0 waited in a collective that its peers never joined" in out, out
     ok, out = _run("check_exchange_counts", exchange_with_split_sizes_that_differ, capsys)
@@ -777,7 +777,7 @@ def test_a_check_never_raises_into_the_notebook(capsys):
 
 
 def test_a_failing_check_reports_itself_instead_of_raising(capsys, monkeypatch):
-    monkeypatch.setattr(checks, "_verify_route", lambda case, call: 1 / 0)
+    monkeypatch.setattr(checks.router_and_loop, "_verify_route", lambda case, call: 1 / 0)
     assert not checks.check_route(checks.reference.route)
     out = capsys.readouterr().out
     assert "the check itself failed" in out and "ZeroDivisionError" in out
@@ -806,7 +806,7 @@ def test_pick(capsys):
 
 
 def test_summary(capsys, monkeypatch):
-    monkeypatch.setattr(checks, "RESULTS", {})
+    monkeypatch.setattr(checks.harness, "RESULTS", {})
     checks.summary()
     assert "no checks have run yet" in capsys.readouterr().out
     checks.check_route(checks.reference.route)
@@ -819,30 +819,27 @@ def test_summary(capsys, monkeypatch):
 
 
 def test_torch_ops_match_te_semantics():
-    """checks.torch_ops: TE's constructor defaults (bias=True), parameter names and calling
-    convention; with the same weights it computes experts.ReferenceGroupedMLP's result."""
+    """checks.torch_ops (experts.torch_ops, what TEOpsExperts runs without TE): TE's constructor
+    defaults (bias=True), parameter names and calling convention; the chain runs each expert's
+    MLP, scaled SwiGLU in between, on that expert's block of rows."""
     from moe_tutorial import experts
 
     ops = checks.torch_ops
+    assert ops is experts.torch_ops
     gen = torch.Generator().manual_seed(0)
     chain = ops.Sequential(ops.GroupedLinear(3, 16, 64), ops.ScaledSwiGLU(glu_interleave_size=16),
                            ops.GroupedLinear(3, 32, 16, bias=False))
     names = {n for n, _ in chain.named_parameters()}
     assert {"0.weight0", "0.bias2", "2.weight2"} <= names and "2.bias0" not in names
-    reference = experts.ReferenceGroupedMLP(3, 16, 32, 16, dtype=torch.float32, device="cpu")
-    with torch.no_grad():
-        for e in range(3):
-            for k in (0, 2):
-                getattr(reference[k], f"weight{e}").copy_(getattr(chain[k], f"weight{e}"))
-            getattr(chain[0], f"bias{e}").normal_(generator=gen)
     splits = torch.tensor([4, 0, 6])
     x, scales = torch.randn(10, 16, generator=gen), torch.rand(10, generator=gen)
-    bias = torch.cat([chain[0].bias0.expand(4, -1), chain[0].bias2.expand(6, -1)])
-    torch.testing.assert_close(chain[0](x, splits), reference[0](x, splits) + bias)
+    want = torch.empty(10, 16)
     with torch.no_grad():
         for e in range(3):
-            getattr(chain[0], f"bias{e}").zero_()
-    torch.testing.assert_close(chain(x, splits, scales, splits),
-                               reference(x, splits, scales, splits))
+            getattr(chain[0], f"bias{e}").normal_(generator=gen)
+        for e, rows in ((0, slice(0, 4)), (2, slice(4, 10))):  # expert 1 gets no rows
+            h = x[rows] @ getattr(chain[0], f"weight{e}").T + getattr(chain[0], f"bias{e}")
+            want[rows] = experts.scaled_swiglu(h, scales[rows], 16) @ getattr(chain[2], f"weight{e}").T
+    torch.testing.assert_close(chain(x, splits, scales, splits), want)
     with pytest.raises(ValueError, match="takes 3 extra inputs"):
         chain(x, splits, scales)

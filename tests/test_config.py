@@ -3,6 +3,8 @@ import torch
 
 from moe_tutorial.config import MODE_ENV, PRESETS, MoEConfig, course_mode, preset
 from moe_tutorial.data import VOCAB_SIZE
+from moe_tutorial.distributed import is_expert_parameter
+from moe_tutorial.model import MoEForCausalLM
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -22,6 +24,28 @@ def test_mixtral_presets_have_mixtral_width():
     # and router counted the recipe's way); ours counts attention, 2 experts, router and lm_head.
     assert 12.7e9 < cfg.active_params_per_token() < 13.0e9
     assert preset("mixtral-2l").num_layers == 2
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_parameter_counts_match_the_model(name):
+    """Split the way expert parallelism splits gradients; active per token: the dense matmul
+    weights (not the embedding lookup, not the norms' scales) and top_k of the experts."""
+    config = preset(name)
+    params = dict(MoEForCausalLM(config).named_parameters())
+    expert = sum(p.numel() for n, p in params.items() if is_expert_parameter(n))
+    total = sum(p.numel() for p in params.values())
+    counts = config.parameter_counts()
+    assert (counts["expert"], counts["dense"], counts["total"]) == (expert, total - expert,
+                                                                    total)
+    lookup_and_scales = sum(p.numel() for n, p in params.items() if "embed" in n or "norm" in n)
+    active = counts["dense"] - lookup_and_scales + config.top_k * expert // config.num_experts
+    assert counts["active_per_token"] == config.active_params_per_token() == active
+
+
+def test_mixtral_8x7b_has_its_published_size():
+    counts = preset("mixtral-8x7b").parameter_counts()
+    assert counts["total"] == 46_702_792_704  # Mixtral 8x7B's 46.7 B parameters
+    assert counts["expert"] / counts["total"] > 0.96
 
 
 @pytest.mark.parametrize("overrides, field", [

@@ -269,6 +269,18 @@ def test_batches():
     assert not torch.equal(next(iterate_batches(packed, 10, seed=2))[0], batches[0][0])
 
 
+def test_batches_resume_at_any_position():
+    packed = pack_sequences(SEQUENCES, 8)  # 72 windows: 7 batches of 10 per epoch
+    for shuffle in (True, False):
+        whole = list(iterate_batches(packed, 10, shuffle=shuffle, epochs=3, seed=4))
+        for start in (0, 3, 7, 9, 20):
+            rest = list(iterate_batches(packed, 10, shuffle=shuffle, epochs=3, seed=4, start=start))
+            assert len(rest) == len(whole) - start
+            assert all(torch.equal(a[0], b[0]) for a, b in zip(rest, whole[start:]))
+    with pytest.raises(ValueError, match="start=-1"):
+        next(iterate_batches(packed, 10, start=-1))
+
+
 def test_batches_in_order_and_forever():
     packed = pack_sequences(SEQUENCES, 8)
     inputs, labels = next(iterate_batches(packed, 4, shuffle=False))

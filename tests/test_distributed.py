@@ -1,9 +1,18 @@
 """Expert parallelism on CPU with gloo: 2 processes launched with torchrun must compute exactly
-what one process computes (logits and every gradient), whatever the routing."""
+what one process computes (logits and every gradient), whatever the routing; a model sharded
+over 2 `ranks.run` processes switches expert backend and precision and exports its full HF state
+dict like the unsharded model."""
+
+import copy
 
 import pytest
+import torch
+import torch.distributed as dist
 
-from moe_tutorial import distributed
+from moe_tutorial import distributed, ranks
+from moe_tutorial.config import preset
+from moe_tutorial.lesson import rel_error
+from moe_tutorial.model import MoEForCausalLM
 from moe_tutorial.train_dist import launch
 
 # fp32 on CPU: the only differences are the order of sums (tokens regrouped by the all-to-all,
@@ -42,6 +51,54 @@ def test_layout_errors_are_clear():
         distributed.check_layout(4, 1, 4, 6)
     with pytest.raises(ValueError, match="must both be >= 1"):
         distributed.check_layout(2, 0, 2, 8)
+
+
+def _sharded_model_against_the_full_one() -> dict:
+    """On each rank of 2 gloo processes: the tiny model, and a copy sharded over ep=2 whose
+    experts then switch backend (te_ops: its pure-PyTorch counterpart here) and precision. What
+    the sharded copy computes, reports and exports, against the full model."""
+    config = preset("tiny")
+    layout = distributed.init_layout(1, 2, config.num_experts)
+    torch.manual_seed(0)
+    full = MoEForCausalLM(config)
+    sharded = distributed.shard_experts(copy.deepcopy(full), layout)
+    sharded.set_expert_backend("te_ops").set_precision("bf16")
+    ids = torch.randint(0, config.vocab_size, (2, 8),
+                        generator=torch.Generator().manual_seed(dist.get_rank()))
+    state, full_state = sharded.to_hf_state_dict(), full.to_hf_state_dict()  # a collective
+    return {"backend": sharded.expert_backend,
+            "shard_sizes": [layer.mlp.experts.num_experts for layer in sharded.model.layers],
+            "logits_error": rel_error(sharded(ids).logits, full(ids).logits),
+            "path": sharded.expert_paths()[0],
+            "state_keys_match": sorted(state) == sorted(full_state),
+            "state_equal": all(torch.equal(state[k], full_state[k]) for k in full_state)}
+
+
+@pytest.fixture(scope="module")
+def sharded_runs():
+    return ranks.run(_sharded_model_against_the_full_one, 2, timeout_s=120)
+
+
+def test_a_sharded_model_switches_backend_and_precision(sharded_runs):
+    for rank, r in enumerate(sharded_runs):
+        assert r["backend"] == "te_ops" and r["shard_sizes"] == [2, 2]
+        assert r["logits_error"] < TOLERANCE, r
+        assert r["path"].startswith(f"EP {rank}/2 (experts {2 * rank}..{2 * rank + 1}): ")
+        assert "pure-PyTorch counterpart" in r["path"]
+
+
+def test_a_sharded_model_exports_all_its_experts(sharded_runs):
+    """`to_hf_state_dict` gathers the shards: every rank gets the full model's HF state dict."""
+    for r in sharded_runs:
+        assert r["state_keys_match"] and r["state_equal"], r
+
+
+def test_sharding_twice_is_refused():
+    model = MoEForCausalLM(preset("tiny"))
+    layout = distributed.Layout(dp=1, ep=2, dp_rank=0, ep_rank=0, dp_group=None, ep_group=None)
+    distributed.shard_experts(model, layout)
+    with pytest.raises(ValueError, match="already sharded"):
+        distributed.shard_experts(model, layout)
 
 
 def test_a_bad_layout_fails_the_launch_with_its_message():

@@ -1,7 +1,7 @@
-"""The cost arithmetic of a (dp, ep) layout (`distributed.parameter_counts`,
-`training_state_per_rank`, `communication_per_step`): checked against real models and against
-the bytes `ExpertParallelExperts` really hands to its collectives (recorded in one process, with
-the collectives replaced by recording fakes: no process group needed)."""
+"""The cost arithmetic of a (dp, ep) layout (`training_state_per_rank`, `communication_per_step`,
+both from `MoEConfig.parameter_counts`): checked against real models and against the bytes
+`AllToAllDispatcher` really hands to its collectives (recorded in one process, with the
+collectives replaced by recording fakes: no process group needed)."""
 
 import pytest
 import torch
@@ -11,25 +11,9 @@ from moe_tutorial.config import preset
 from moe_tutorial.model import MoEForCausalLM
 
 
-@pytest.mark.parametrize("name", ["tiny", "small"])
-def test_parameter_counts_match_the_model(name):
-    config = preset(name)
-    model = MoEForCausalLM(config)
-    expert = sum(p.numel() for n, p in model.named_parameters() if distributed.is_expert_parameter(n))
-    total = sum(p.numel() for p in model.parameters())
-    assert distributed.parameter_counts(config) == {"expert": expert, "dense": total - expert,
-                                                    "total": total}
-
-
-def test_mixtral_8x7b_has_its_published_size():
-    counts = distributed.parameter_counts(preset("mixtral-8x7b"))
-    assert counts["total"] == 46_702_792_704  # Mixtral 8x7B's 46.7 B parameters
-    assert counts["expert"] / counts["total"] > 0.96
-
-
 def test_training_state_shards_the_experts_over_ep_only():
     config = preset("mixtral-8x7b")
-    counts = distributed.parameter_counts(config)
+    counts = config.parameter_counts()
     dp8 = distributed.training_state_per_rank(config, dp=8, ep=1)
     ep8 = distributed.training_state_per_rank(config, dp=1, ep=8)
     assert dp8["params"] == counts["total"]
@@ -44,7 +28,7 @@ def test_training_state_shards_the_experts_over_ep_only():
 
 def test_fsdp_shards_every_parameter_over_all_ranks():
     config = preset("mixtral-8x7b")
-    counts = distributed.parameter_counts(config)
+    counts = config.parameter_counts()
     ep8 = distributed.training_state_per_rank(config, dp=1, ep=8)
     for dp, ep in ((8, 1), (4, 2), (1, 8)):
         fsdp = distributed.training_state_per_rank(config, dp, ep, fsdp=True)
@@ -64,7 +48,7 @@ def test_fsdp_shards_every_parameter_over_all_ranks():
 
 def test_allreduce_volumes_per_layout():
     config = preset("mixtral-2l")
-    counts = distributed.parameter_counts(config)
+    counts = config.parameter_counts()
     single = distributed.communication_per_step(config, 8192, 1, 1)
     assert all(v == 0 for v in single.values())
     dp2 = distributed.communication_per_step(config, 8192, 2, 1)

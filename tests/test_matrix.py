@@ -10,7 +10,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from moe_tutorial import distributed, matrix, train_dist
+from moe_tutorial import matrix, train_dist
 from moe_tutorial.config import preset
 
 
@@ -93,7 +93,7 @@ def test_mixtral_7l_is_the_deepest_mixtral_that_fits_dp8_in_fp8_on_h200s():
     config = preset("mixtral-7l")
     assert (config.hidden_size, config.intermediate_size, config.num_experts, config.top_k,
             config.num_heads, config.num_kv_heads) == (4096, 14336, 8, 2, 32, 8)
-    assert distributed.parameter_counts(config)["total"] == 10_421_039_104
+    assert config.parameter_counts()["total"] == 10_421_039_104
     assert round(matrix.predicted_state_gib(config, 8, 1), 1) == 97.1
     assert round(matrix.predicted_state_gib(config, 8, 1, "fp8"), 1) == 106.2 < budget_gib
     deeper = config.with_overrides(num_layers=config.num_layers + 1)

@@ -14,7 +14,7 @@ def test_loss_curves_of_equivalent_variants_agree():
     windows = torch.randint(0, cfg.vocab_size, (5, 40), generator=torch.Generator().manual_seed(1))
     seen = []
     rows = bench.train_loss_curves(
-        cfg, ["ours_grouped_torch_bf16", ("te_ops (reference)", "te_ops", "bf16"), "hf_grouped_mm"],
+        cfg, ["ours_grouped_torch_bf16", bench.Variant("te_ops (reference)", "te_ops"), "hf_grouped_mm"],
         steps=4, batch=2, seq_len=32, device="cpu", lr=1e-2, windows=windows, timing_warmup=1,
         on_step=lambda label, record: seen.append((label, record["step"])))
     assert [r["variant"] for r in rows] == ["ours_grouped_torch_bf16", "te_ops (reference)",
@@ -36,8 +36,8 @@ def test_loss_curves_of_equivalent_variants_agree():
 
 def test_loss_curves_say_why_a_variant_cannot_run():
     # on a CPU (where this runs even on the GPU machine): FP8 needs TE on a GPU
-    rows = bench.train_loss_curves(preset("tiny"), [("fp8", "te_ops", "fp8"),
-                                                    ("nope", "nope", "bf16")],
+    rows = bench.train_loss_curves(preset("tiny"), [bench.Variant("fp8", "te_ops", "fp8"),
+                                                    bench.Variant("nope", "nope")],
                                    steps=2, batch=1, seq_len=16, device="cpu")
     assert rows[0]["status"] == "unavailable" and "needs Transformer Engine" in rows[0]["error"]
     assert rows[0]["losses"] == []

@@ -1,0 +1,141 @@
+"""Exercise 05's checks: the recipe and row alignment for a machine, the speedup
+prediction (not graded)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import hardware, recipes
+from .harness import (
+    Case,
+    Failure,
+    expect_tuple,
+    run_check,
+)
+
+# The package's implementation with the exercise's signature (`checks.reference`)
+
+def reference_choose_recipe(caps, preference="fastest"):
+    """recipes.recipe_for"""
+    choice = recipes.recipe_for(caps, preference)
+    return choice.name, choice.align
+
+
+def no_prediction(*args, **kwargs):
+    """no prediction: the course has no reference model, so a missing one shows as NaN"""
+    return math.nan
+
+
+_ALIGN_WHY = {
+    "MXFP8BlockScaling": "its scales cover 32 rows when the weight-gradient GEMM reads the "
+                         "activations column-wise",
+    "Float8BlockScaling": "TE's get_align_size_for_quantization pads every recipe but MXFP8 and "
+                          "NVFP4 to 16 rows; block scaling's 1x128 and 128x128 tiles do not raise it",
+    "Float8CurrentScaling": "FP8 tensor-core GEMMs need row counts that are multiples of 16",
+    "DelayedScaling": "FP8 tensor-core GEMMs need row counts that are multiples of 16",
+    recipes.EMULATED_MXFP8: "MXFP8's blocks are 32 values (the emulation pads like the real recipe)",
+}
+
+
+def _recipe_cases() -> list[Case]:
+    env = hardware.fake_environment
+    no_block = {"fp8": (True, ""), "fp8_block_scaling": (False, "FP8 block scaling requires CUDA "
+                                                                 "12.9 or newer"),
+                "mxfp8": (False, "Device compute capability 10.0 or higher required for MXFP8 "
+                                 "execution.")}
+    machines = [
+        ("B200 (Blackwell)", env("blackwell")),
+        ("H200 (Hopper)", env("hopper")),
+        ("a CPU", env("cpu")),
+        ("H100 with CUDA 12.8 (no FP8 block scaling)", env("hopper", gpu_name="NVIDIA H100",
+                                                            cuda_version="12.8",
+                                                            te_support=no_block)),
+        ("L40S (Ada, compute capability 8.9)", env("hopper", gpu_name="NVIDIA L40S",
+                                                   compute_capability=(8, 9), te_support=no_block)),
+        ("an H200 without Transformer Engine", env("hopper", te_version=None, te_support={},
+                                                   te_import_error="ImportError: No module named "
+                                                                   "'transformer_engine'")),
+        ("RTX PRO 6000 (Blackwell, compute capability 12.0: TE refuses MXFP8)",
+         env("rtx_blackwell")),
+    ]
+    cases = []
+    for name, environment in machines:
+        caps = hardware.evaluate(environment)
+        for preference in recipes.PREFERENCES:
+            cases.append(Case(f"{name}, preference {preference!r}", (caps, preference),
+                              {"machine": name}))
+    return cases
+
+
+def _verify_recipe(case: Case, call) -> None:
+    caps, preference = case.args
+    got = call(caps, preference)
+    if isinstance(got, recipes.RecipeChoice):
+        got = (got.name, got.align)
+    name, align = expect_tuple(got, 2, "(recipe name, alignment)")
+    want = recipes.recipe_for(caps, preference)
+    machine = case.info["machine"]
+    supported = recipes.supported_recipes(caps)
+    if name != want.name:
+        if name not in recipes.TE_RECIPES and name != recipes.EMULATED_MXFP8:
+            raise Failure(f"{name!r} is not a recipe name: use a TE recipe class name "
+                          f"({', '.join(recipes.TE_RECIPES)}) or {recipes.EMULATED_MXFP8!r}")
+        if name in recipes.TE_RECIPES and name not in supported:
+            feature = caps[recipes.recipe_capability(name)]
+            native = ", ".join(supported) or f"nothing, so MXFP8 is emulated: {recipes.EMULATED_MXFP8}"
+            raise Failure(f"{machine} cannot run {name} ({feature.reason}): choose among what "
+                          f"caps says runs natively ({native})")
+        if name == recipes.EMULATED_MXFP8:
+            raise Failure(f"{machine} runs {', '.join(supported)} natively: emulate MXFP8 only "
+                          "where no TE FP8 recipe runs")
+        raise Failure(f"with preference {preference!r}, {machine} should use {want.name}, yours "
+                      f"is {name}: {want.reason}")
+    if not isinstance(align, int) or align != want.align:
+        raise Failure(f"{want.name} needs every expert's rows padded to a multiple of "
+                      f"{want.align} ({_ALIGN_WHY[want.name]}); yours is {align!r}")
+
+
+def check_choose_recipe(learner_fn) -> bool:
+    """`choose_recipe(caps, preference) -> (recipe name, alignment)` against `recipes.recipe_for`
+    on fake Blackwell, Hopper, Ada and CPU machines (`hardware.fake_environment`)."""
+    return run_check("check_choose_recipe", learner_fn, _recipe_cases(), _verify_recipe,
+                     against="recipes.recipe_for")
+
+
+def _prediction_cases() -> list[Case]:
+    shapes = [(2, 2048, 2, 128, 256, 10.0, 50.0), (64, 2048, 2, 128, 256, 10.0, 50.0),
+              (8, 16384, 2, 1024, 2816, 5.0, 500_000.0), (32, 8, 2, 64, 128, 10.0, 50.0),
+              (8, 2048, 2, 128, 256, 0.0, 50.0)]
+    names = ["2 experts, 2048 tokens", "64 experts, 2048 tokens", "a GPU-sized layer",
+             "fewer token copies (16) than experts (32)", "no launch overhead (launch_us=0)"]
+    return [Case(name, args) for name, args in zip(names, shapes)]
+
+
+def _verify_prediction(case: Case, call) -> None:
+    got = call(*case.args)
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if got is None:
+        raise Failure("your function returned None: return the predicted speedup (loop time / "
+                      "grouped time) as a number")
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        raise Failure(f"return the predicted speedup as a number, not {type(got).__name__}")
+    if not math.isfinite(got) or got <= 0:
+        raise Failure(f"your prediction is {got}: a speedup is a ratio of two times, a finite "
+                      "number > 0")
+    case.info["prediction"] = got
+
+
+def check_predict_speedup(learner_fn) -> bool:
+    """`predict_speedup(num_experts, tokens, top_k, hidden, intermediate, launch_us, gflops)
+    -> float`: only that it answers with a positive finite number for every case. Predictions
+    are compared with measurements in the notebook, not graded: a model can be wrong."""
+    cases = _prediction_cases()
+    ok = run_check("check_predict_speedup", learner_fn, cases, _verify_prediction,
+                   passed="a positive finite prediction for every case (not graded: the notebook "
+                          "compares it with measurements)")
+    if ok:
+        print("  " + "; ".join(f"{c.name}: {c.info['prediction']:.3g}×" for c in cases))
+    return ok

@@ -4,14 +4,16 @@
 # then the course with the extras the command needs.
 PYTHON ?= python3
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
+RUN_FLAGS ?=
 BOOTSTRAP = $(PYTHON) -m moe_tutorial.bootstrap
 
 .PHONY: course test lab
 
 ## make course: run the course headless (small mode on CPU, full mode on a GPU) with a report
 #   (mode: $MOE_TUTORIAL_MODE=small|full, else by hardware; stops at the first failing notebook)
+#   into a new RUN_DIR each time; RUN_FLAGS=--replace reuses a RUN_DIR an earlier run wrote
 course:
-	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial run --out $(RUN_DIR)
+	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial run --out $(RUN_DIR) $(RUN_FLAGS)
 
 ## make test: the test suite (CPU; GPU tests skip with a reason, run them with `pytest -m gpu`)
 test:

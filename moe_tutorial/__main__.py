@@ -4,7 +4,76 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its mistakes on one line, `error: ...` and exit status 2, like the
+    commands' own checks (instead of a usage block that can run to ten lines above it)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def _check_device(device: str | None) -> None:
+    """A --device this machine has: cpu, or cuda[:N] with that GPU present (else the model
+    would fail inside torch's lazy CUDA initialisation)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device; use cpu, or cuda "
+                         f"(cuda:N for the N-th GPU)") from None
+    if kind.type == "cpu":
+        return
+    if kind.type != "cuda":
+        raise ValueError(f"--device {device!r}: the course runs on cpu or cuda only; use one "
+                         f"of them")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError(f"--device {device!r}: this machine has no CUDA GPU; leave --device "
+                         f"out (or pass --device cpu) to run on the CPU")
+    if (kind.index or 0) >= count:
+        raise ValueError(f"--device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 "
+                         f"to cuda:{count - 1}; choose one of them")
+
+
+def _check_writable_directory(flag: str, value: str, directory: Path) -> None:
+    """`directory` (where `flag value` writes) is, or can be made, a directory this user can
+    write in: its nearest existing part is a directory with write permission."""
+    directory = directory.absolute()
+    existing = next(p for p in (directory, *directory.parents) if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {value}: {existing} is a file, not a directory; choose "
+                         f"another path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {value}: no permission to write in {existing}; choose "
+                         f"another directory")
+
+
+def _check_output_file(flag: str, path: str | None, replace: bool, *,
+                       make_parents: bool) -> None:
+    """An output file the command can write when it ends, checked before it starts: not a
+    directory, not an earlier result (unless --replace), and a place to write it (its
+    directory exists, or with `make_parents` can be made)."""
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; give a file name in it, e.g. "
+                         f"{target / 'results.json'}")
+    if target.exists() and not replace:
+        raise ValueError(f"{flag} {path} already exists (an earlier result?); pass --replace "
+                         f"to replace it, or choose another file name")
+    _check_writable_directory(flag, path, target.parent)
+    if not make_parents and not target.absolute().parent.is_dir():
+        raise ValueError(f"{flag} {path}: the directory {target.absolute().parent} does not "
+                         f"exist; create it first, or choose another path")
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -20,30 +89,63 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_settings(args: argparse.Namespace):
+    """The run's `TrainSettings`: the flags, with warm-up and evaluation every tenth of the run."""
+    from .train import TrainSettings
+
+    return TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                         warmup_steps=min(args.steps // 10, 100), seed=args.seed,
+                         eval_every=max(args.steps // 10, 1))
+
+
+def _check_train(args: argparse.Namespace) -> None:
+    from . import checkpoint
+    from .config import preset
+    from .experts import EXPERT_BACKENDS
+
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir (the directory the run saved into)")
+    preset(args.preset)
+    if args.backend not in EXPERT_BACKENDS:
+        raise ValueError(f"--backend {args.backend!r} is not an expert backend; choose one of "
+                         f"{', '.join(EXPERT_BACKENDS)}")
+    _check_device(args.device)
+    _train_settings(args)
+    _check_output_file("--json", args.json, args.replace, make_parents=False)
+    if args.checkpoint_dir:
+        checkpoint.Checkpointing(args.checkpoint_dir, args.checkpoint_every,
+                                 args.keep_checkpoints)
+        directory = Path(args.checkpoint_dir)
+        _check_writable_directory("--checkpoint-dir", args.checkpoint_dir, directory)
+        steps = checkpoint.saved_steps(directory)
+        if steps and not args.resume:  # a new run would overwrite and prune them
+            raise ValueError(f"--checkpoint-dir {directory} already holds the checkpoints of a "
+                             f"run (steps {steps}); pass --resume to continue it, or choose "
+                             f"another directory for a new run")
+
+
 def _train(args: argparse.Namespace) -> int:
     import torch
 
     from .checkpoint import CheckpointError, Checkpointing
-    from .config import course_mode, preset
+    from .config import preset
     from .data import load_protein_data
     from .model import MoEForCausalLM
-    from .train import TrainSettings, evaluate, train
+    from .train import evaluate, train
 
-    if args.resume and not args.checkpoint_dir:
-        print("error: --resume needs --checkpoint-dir (the directory the run saved into)",
-              file=sys.stderr)
-        return 2
-
-    mode = course_mode(args.mode)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = preset(args.preset)
     data = load_protein_data(config.max_seq_len, seed=args.seed)
-    settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                             warmup_steps=min(args.steps // 10, 100), seed=args.seed,
-                             eval_every=max(args.steps // 10, 1))
+    settings = _train_settings(args)
+    windows = data.train.shape[0]
+    if settings.batch_size > windows:  # known only now that the data is packed
+        print(f"error: --batch-size {settings.batch_size} is more than the {windows:,} "
+              f"training windows of preset {args.preset!r}; choose at most {windows}",
+              file=sys.stderr)
+        return 2
     torch.manual_seed(args.seed)
     model = MoEForCausalLM(config, args.backend, device=device)
-    print(f"mode {mode}: preset {args.preset!r} ({sum(p.numel() for p in model.parameters()):,} "
+    print(f"preset {args.preset!r} ({sum(p.numel() for p in model.parameters()):,} "
           f"parameters), {args.backend} experts, {device}, {torch.get_num_threads()} threads")
     print(f"data: {data.num_sequences:,} sequences → {data.train.shape[0]:,} training windows of "
           f"{config.max_seq_len} tokens; unigram baseline {data.unigram_nats:.3f} nats")
@@ -79,7 +181,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import os
+    import torch
 
     from . import bench, timing
     from .config import preset
@@ -97,7 +199,11 @@ def _bench(args: argparse.Namespace) -> int:
         write({"environment": timing.environment(), "results": partial, "complete": False})
 
     if args.merge:
-        report = bench.merge_reports([json.load(open(path)) for path in args.merge])
+        try:
+            report = bench.merge_reports([_read_report(path) for path in args.merge])
+        except ValueError as exc:  # the parts given do not make one run: the user's files
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         write(report)
         print(bench.format_summary(report["summary"]))
         if args.out:
@@ -112,10 +218,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.out:
         print(f"\nwrote {args.out}")
     for variant in args.profile or []:
-        device = args.device or ("cuda" if __import__("torch").cuda.is_available() else "cpu")
-        config = preset(args.preset or ("mixtral-2l" if device == "cuda" else "tiny"))
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        on_gpu = torch.device(device).type == "cuda"
+        config = preset(args.preset or bench.default_preset(on_gpu))
+        seq_len = args.seq_len or bench.default_seq_len(config, on_gpu)
         print("\n" + bench.profile_train_step(config, variant, batch=args.batch or 2,
-                                              seq_len=args.seq_len or 4096, device=device))
+                                              seq_len=seq_len, device=device))
     failed = [r for r in report["results"] if r.get("status") in ("error", "wrong")]
     for r in failed:
         print(f"FAILED: {r.get('variant') or (r['backend'], r['precision'])}: "
@@ -123,9 +231,37 @@ def _bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _write_json(doc: dict, path: str) -> None:
-    from pathlib import Path
+def _read_report(path: str) -> dict:
+    """A part for `bench --merge`: the JSON a `bench --out` wrote, or a one-line reason why not."""
+    try:
+        report = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:  # missing, unreadable, or not JSON
+        raise ValueError(f"--merge {path}: cannot read it as JSON ({exc}); give the files "
+                         f"`bench --out` wrote") from None
+    if not isinstance(report, dict) or not {"environment", "results"} <= report.keys():
+        raise ValueError(f"--merge {path} is not a `bench --out` report (it has no "
+                         f"'environment' and 'results'); give the files `bench --out` wrote")
+    return report
 
+
+def _check_bench(args: argparse.Namespace) -> None:
+    from . import bench
+
+    _check_device(args.device)
+    _check_output_file("--out", args.out, args.replace, make_parents=True)
+    bench.check_run_arguments(device=args.device, shapes=args.shapes, routings=args.routings,
+                              train_preset=args.preset, train_variants=args.train_variants,
+                              batch=args.batch, seq_len=args.seq_len, warmup=args.warmup,
+                              iters=args.iters, optimizer=args.optimizer)
+    for name in args.profile or []:
+        bench.variant(name)
+
+
+# Each command's checks of its arguments, run before any of its work (see `main`).
+_CHECKS = {"train": _check_train, "bench": _check_bench}
+
+
+def _write_json(doc: dict, path: str) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
@@ -177,7 +313,7 @@ def _docs(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_tutorial", description=__doc__)
+    parser = _Parser(prog="python -m moe_tutorial", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     info = sub.add_parser("info", help="what this machine can run (the capability table)")
@@ -187,8 +323,6 @@ def main(argv: list[str] | None = None) -> int:
 
     tr = sub.add_parser("train", help="train a protein MoE LM on the shipped CATH sequences")
     tr.add_argument("--preset", default="small")
-    tr.add_argument("--mode", choices=["small", "full"], default=None,
-                    help="course mode (default: $MOE_TUTORIAL_MODE, else full on GPU, small on CPU)")
     tr.add_argument("--backend", default="grouped_torch", help="expert backend")
     tr.add_argument("--device", default=None)
     tr.add_argument("--steps", type=int, default=400)
@@ -196,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     tr.add_argument("--lr", type=float, default=3e-3)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--json", default=None, help="write the history to this JSON file")
+    tr.add_argument("--replace", action="store_true",
+                    help="replace an existing --json file (else it is refused)")
     tr.add_argument("--checkpoint-dir", default=None,
                     help="save model, optimizer, RNG and data position here (atomically)")
     tr.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
@@ -224,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--optimizer", default="torch_adamw", choices=["torch_adamw", "te_fused_adam"],
                     help="optimizer of our training-step variants (HF uses torch's fused AdamW)")
     be.add_argument("--out", default=None, help="write the results as JSON here")
+    be.add_argument("--replace", action="store_true",
+                    help="replace an existing --out file (else it is refused)")
     be.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                     help="instead of running: merge the JSON files of separate parts of one run "
                          "(same machine and versions) into --out, summary recomputed")
@@ -250,6 +388,16 @@ def main(argv: list[str] | None = None) -> int:
     dc.set_defaults(run=_docs)
 
     args = parser.parse_args(argv)
+    check = _CHECKS.get(args.command)
+    if check is not None:
+        # Every argument is checked before any work starts. These checks see nothing but the
+        # arguments, so a ValueError from them is the user's mistake: one line, exit status 2.
+        # One raised once the work runs is a bug and keeps its traceback.
+        try:
+            check(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return args.run(args)
 
 

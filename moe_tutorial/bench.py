@@ -430,6 +430,47 @@ MFU_LEGEND = ("MFU own peak: TFLOP/s over the dense peak of the row's precision 
               "peak for every row (torchtitan's convention)")
 
 
+def default_preset(on_gpu: bool) -> str:
+    """The training step's model when none is named: Mixtral's width on a GPU, tiny on a CPU."""
+    return "mixtral-2l" if on_gpu else "tiny"
+
+
+def default_seq_len(config, on_gpu: bool) -> int:
+    """The training step's sequence length when none is given, within the model's context."""
+    return min(4096 if on_gpu else 64, config.max_seq_len)
+
+
+def check_run_arguments(*, device=None, shapes=None, routings=ROUTINGS, train_preset=None,
+                        train_variants=None, batch=None, seq_len=None, warmup=None, iters=None,
+                        optimizer="torch_adamw") -> None:
+    """Refuse the arguments `run` would otherwise fail on only after minutes of measuring, or
+    replace by its defaults without a word: unknown names, sizes out of range (None: the
+    device's default). `run` calls it first; the command line calls it before starting."""
+    from .config import preset
+    from .data import check_count
+    from .train import OPTIMIZERS
+
+    on_gpu = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
+    for name, value, least in (("batch", batch, 1), ("seq_len", seq_len, 1),
+                               ("warmup", warmup, 0), ("iters", iters, 1)):
+        if value is not None:
+            check_count(name, value, least=least)
+    for what, names, known in (("expert shape", shapes or [], EXPERT_SHAPES),
+                               ("routing", routings, ROUTINGS)):
+        for name in names:
+            if name not in known:
+                raise ValueError(f"unknown {what} {name!r}; choose from {', '.join(known)}")
+    for name in train_variants or []:
+        variant(name)
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}")
+    config = preset(train_preset or default_preset(on_gpu))
+    if seq_len is not None and seq_len > config.max_seq_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the {config.num_layers}-layer "
+                         f"model's max_seq_len={config.max_seq_len}; choose seq_len <= "
+                         f"{config.max_seq_len} or a preset with longer sequences")
+
+
 def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
         train_preset=None, train_variants=None, batch=None, seq_len=None, warmup=None,
         iters=None, optimizer="torch_adamw", log=print,
@@ -438,6 +479,9 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
     `mixtral-2l` model (batch 2 × 4096) on a GPU; the `tiny` shape and model on a CPU."""
     from .config import preset
 
+    check_run_arguments(device=device, shapes=shapes, routings=routings,
+                        train_preset=train_preset, train_variants=train_variants, batch=batch,
+                        seq_len=seq_len, warmup=warmup, iters=iters, optimizer=optimizer)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
     shapes = shapes or (["mixtral", "fine_grained", "small"] if on_gpu else ["tiny"])
@@ -468,11 +512,11 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
                                               warmup=warmup, iters=iters,
                                               on_result=lambda r: report(r, format_expert_row(r)))
     if train:
-        config = preset(train_preset or ("mixtral-2l" if on_gpu else "tiny"))
+        config = preset(train_preset or default_preset(on_gpu))
         if not on_gpu:
             config = config.with_overrides(dtype="float32")
-        batch = batch or 2
-        seq_len = seq_len or (4096 if on_gpu else 64)
+        batch = batch or 2  # 0 was refused above: `or` replaces only None
+        seq_len = seq_len or default_seq_len(config, on_gpu)
         variants = train_variants or [v for v in TRAIN_VARIANTS if on_gpu or v in (
             "hf_eager", "hf_grouped_mm", "ours_grouped_torch_bf16", "ours_te_ops_bf16")]
         log(f"\ntraining step of {config.num_layers}-layer model (hidden {config.hidden_size}, "

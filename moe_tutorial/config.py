@@ -17,6 +17,7 @@ environment variable, or the hardware (full on a GPU, small otherwise).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 
@@ -25,6 +26,10 @@ import torch
 from .data import VOCAB_SIZE as PROTEIN_VOCAB_SIZE
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# MoEConfig's real-valued fields and what each is (for the message that refuses a bad one).
+REAL_FIELDS = {"rope_theta": "RoPE base frequency", "norm_eps": "RMSNorm epsilon",
+               "aux_loss_coef": "load-balancing loss weight, 0 to switch it off",
+               "init_std": "standard deviation of the initial weights"}
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,8 @@ class MoEConfig:
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"MoEConfig.{name}={value!r} must be a positive integer")
+                raise ValueError(f"MoEConfig.{name}={value!r} must be a positive integer (an "
+                                 f"int such as {getattr(MoEConfig, name)}, not a float or bool)")
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"MoEConfig.top_k={self.top_k} is larger than num_experts={self.num_experts}: "
@@ -61,7 +67,8 @@ class MoEConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(
                 f"MoEConfig.hidden_size={self.hidden_size} is not divisible by "
-                f"num_heads={self.num_heads}: every head gets hidden_size / num_heads dimensions")
+                f"num_heads={self.num_heads}: every head gets hidden_size / num_heads dimensions; "
+                "make hidden_size a multiple of num_heads")
         if self.head_dim % 2:
             raise ValueError(
                 f"MoEConfig.hidden_size / num_heads = {self.head_dim} is odd: rotary embeddings "
@@ -70,14 +77,22 @@ class MoEConfig:
             raise ValueError(
                 f"MoEConfig.num_heads={self.num_heads} is not a multiple of "
                 f"num_kv_heads={self.num_kv_heads}: grouped-query attention shares each key/value "
-                "head among an equal number of query heads")
-        for name in ("rope_theta", "norm_eps", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"MoEConfig.{name}={getattr(self, name)!r} must be > 0")
-        if not self.aux_loss_coef >= 0:
-            raise ValueError(f"MoEConfig.aux_loss_coef={self.aux_loss_coef!r} must be >= 0")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"MoEConfig.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+                "head among an equal number of query heads; choose num_kv_heads dividing num_heads")
+        for name, meaning in REAL_FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"MoEConfig.{name}={value!r} is not a number: give the {meaning}"
+                                 f" as a float, e.g. {getattr(MoEConfig, name)}")
+            # inf passes a bare `> 0` and reaches the weights or the loss as inf / nan.
+            zero_allowed = name == "aux_loss_coef"
+            if not (math.isfinite(value) and (value >= 0 if zero_allowed else value > 0)):
+                raise ValueError(f"MoEConfig.{name}={value!r} must be a finite number "
+                                 f"{'>= 0' if zero_allowed else '> 0'} (the {meaning}), "
+                                 f"e.g. {getattr(MoEConfig, name)}")
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
+            name = str(self.dtype).removeprefix("torch.")
+            hint = f"; write it as the string {name!r}" if name in DTYPES else ""
+            raise ValueError(f"MoEConfig.dtype={self.dtype!r} is not one of {sorted(DTYPES)}{hint}")
 
     @property
     def head_dim(self) -> int:
@@ -121,16 +136,23 @@ class MoEConfig:
     def to_hf_config_kwargs(self) -> dict:
         """Keyword arguments for transformers' `MixtralConfig` describing the same model."""
         return dict(
-            vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
-            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
-            num_local_experts=self.num_experts, num_experts_per_tok=self.top_k,
-            max_position_embeddings=self.max_seq_len, rms_norm_eps=self.norm_eps,
-            router_aux_loss_coef=self.aux_loss_coef, initializer_range=self.init_std,
+            {hf_name: getattr(self, name) for name, hf_name in MIXTRAL_FIELDS.items()},
             rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
             tie_word_embeddings=False, sliding_window=None, attention_dropout=0.0,
             router_jitter_noise=0.0,
         )
+
+
+# MoEConfig's fields under their names in transformers' `MixtralConfig` (rope_theta lives in
+# its `rope_parameters`, dtype in the model's weights).
+MIXTRAL_FIELDS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "num_experts": "num_local_experts", "top_k": "num_experts_per_tok",
+    "max_seq_len": "max_position_embeddings", "norm_eps": "rms_norm_eps",
+    "aux_loss_coef": "router_aux_loss_coef", "init_std": "initializer_range",
+}
 
 
 PRESETS: dict[str, MoEConfig] = {

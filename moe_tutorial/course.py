@@ -1,15 +1,22 @@
 """Run the course headless: execute the notebooks in order with papermill, write one HTML report.
 
-    python -m moe_tutorial run [--mode small|full] [--notebooks 00 01 ...] [--out DIR]
+    python -m moe_tutorial run [--mode small|full] [--notebooks 00 01 ...] [--out DIR] [--replace]
 
 executes `notebooks/NN_*.ipynb` in order, each in a fresh kernel of this Python interpreter, with
 the parameters `MODE`, `LIVE` (and `DEVICE` when given) injected by papermill after the cell
 tagged `parameters` (the same values are also in the kernel's environment as
 `MOE_TUTORIAL_MODE`, `MOE_TUTORIAL_LIVE`, `MOE_TUTORIAL_DEVICE`). It stops at the first notebook
-that fails and prints its error. It writes the executed notebooks to DIR and `DIR/report.html`:
-one self-contained page (plotly.js inlined, no network needed) with this machine's capability
+that fails and prints its error. It writes the executed notebooks to DIR and, last and atomically,
+`DIR/report.html`: one self-contained page (plotly.js inlined, no network needed) with this machine's capability
 table, every notebook's closing outputs (the cells tagged `closing`: a table and a figure), run
 times (the slowest cells too) and the versions of everything that ran.
+
+DIR must be new or empty and outside the course's own folders (notebooks/, exercises/,
+solutions/, the package): a run never overwrites results or sources. `--replace` accepts the
+folder of an earlier run instead: it removes the files that run wrote, as listed in its
+`.moe-tutorial-run.json` (report first), and nothing else. `-p NAME=VALUE` sets a parameter the
+selected notebooks' `parameters` cells define; MODE, LIVE and DEVICE come from --mode, --live
+and --device only. Bad inputs are refused before anything runs, with one line.
 
 Widgets: headless nobody watches a live dashboard, so the runner passes `LIVE=False` and
 `MOE_TUTORIAL_LIVE=0` (`--live` draws them anyway, e.g. to test them), and papermill runs with
@@ -46,7 +53,13 @@ behind: outputs, execution counts, cell timings (`execution`) and the notebook's
 region outside a function body, without its hint, unclosed or nested is an error that names the
 notebook, cell and line. `--check` writes nothing and fails (exit 1) when `exercises/` differs from
 what the build would write, saying which file and how to fix it; CI runs it (tests/test_build.py).
-Stale exercises (no solution of that name any more) are deleted by the build, reported by --check.
+
+A learner's work is never overwritten. Each exercise carries, in its metadata (`moe_tutorial_build`),
+a hash of its cells' sources as the build wrote them; the build replaces an exercise only while
+its cells still match (outputs do not count), and otherwise writes nothing and says which
+notebook holds edits (`--replace` overwrites them). It never writes into solutions/, notebooks/
+or the package, nor into a folder that holds files it did not write. Stale exercises (no solution
+of that name any more) are deleted by the build when unchanged, kept otherwise; --check reports both.
 """
 
 from __future__ import annotations
@@ -55,6 +68,7 @@ import argparse
 import ast
 import contextlib
 import datetime as _dt
+import hashlib
 import html
 import importlib.metadata
 import importlib.util
@@ -103,6 +117,7 @@ class CourseRun:
     seconds: float = 0.0
     kernel: str = KERNEL_NAME
     note: str = ""
+    cell_timeout: int = CELL_TIMEOUT_S["small"]  # seconds one cell may run
 
     @property
     def ok(self) -> bool:
@@ -237,32 +252,178 @@ def _describe_error(exc: BaseException) -> tuple[str, int | None]:
     return f"{type(exc).__name__}: {_strip_ansi(str(exc))}", None
 
 
-def run_course(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
-               device: str | None = None, live: bool = False, cell_timeout: int | None = None,
-               parameters: dict | None = None, log_output: bool = False,
-               echo=print) -> CourseRun:
-    """Execute `notebooks` in order into `out_dir` with papermill; stop at the first failure.
+class RunError(ValueError):
+    """A run the runner refuses to start (the message says what is wrong and how to fix it)."""
 
-    Injected parameters: MODE, LIVE, DEVICE (when given) and `parameters`. Writes the executed
-    notebooks and `out_dir/report.html`; returns what happened (see `CourseRun`).
-    """
-    import papermill
 
+# Parameters the runner sets itself, each from one command-line flag (one source of truth: a
+# `-p MODE=full` next to `--mode small` would run full under a report that says small).
+RUNNER_PARAMETERS = {"MODE": "--mode", "LIVE": "--live", "DEVICE": "--device"}
+# What a run folder holds besides its files: which of them the runner wrote, so that --replace
+# removes exactly those and nothing the learner put there.
+RUN_MANIFEST = ".moe-tutorial-run.json"
+
+
+def source_folders() -> list[Path]:
+    """The course's own folders, which a run never writes into."""
+    repo = PACKAGE_ROOT.parent
+    folders = [repo / "notebooks", repo / "exercises", repo / "solutions", PACKAGE_ROOT,
+               default_notebooks_dir()]
+    return [f.resolve() for f in folders]
+
+
+def parameter_names(notebook: Path) -> set[str]:
+    """The names a notebook's `parameters` cell assigns (what papermill can override)."""
+    try:
+        nb = json.loads(notebook.read_text(encoding="utf-8"))
+        cells = nb["cells"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RunError(f"{notebook} is not a readable notebook ({type(exc).__name__}: {exc}); "
+                       "open it in Jupyter and save it again, or leave it out of --notebooks") from None
+    names: set[str] = set()
+    for cell in cells:
+        if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            with contextlib.suppress(SyntaxError):
+                for node in ast.walk(ast.parse(_text(cell.get("source", "")))):
+                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                        names.add(node.id)
+    return names
+
+
+def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
+    """Refuse a parameter the runner sets from its own flag, or one no selected notebook has (it
+    would be injected and silently ignored)."""
+    for name, value in parameters.items():
+        if name in RUNNER_PARAMETERS:
+            flag = RUNNER_PARAMETERS[name]
+            use = (("use --live" if value else "leave --live out") if flag == "--live"
+                   else f"use {flag} {value}")
+            raise RunError(f"-p {name}={value!r}: {name} is set by {flag}, not by -p; "
+                           f"drop -p {name} and {use}")
+    known = set().union(*(parameter_names(nb) for nb in notebooks)) - set(RUNNER_PARAMETERS)
+    unknown = sorted(set(parameters) - known)
+    if unknown:
+        raise RunError(f"-p {unknown[0]}: no selected notebook has a parameter {unknown[0]!r}; "
+                       f"their parameters are {', '.join(sorted(known)) or 'none'}")
+
+
+def check_device(device: str) -> None:
+    """Refuse a device the notebooks cannot run on here, before any of them starts."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise RunError(f"--device {device!r} is not a device the course runs on; give cpu or "
+                       "cuda (cuda:1 for another GPU)")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise RunError(f"--device {device!r}: this machine has no CUDA GPU for torch; give "
+                       "--device cpu (or leave --device out)")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file next to it, renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # the usual permissions, unlike mkstemp's
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *,
+                    replace: bool = False) -> None:
+    """Make `out_dir` ready for a run that writes `files` (names in it), or refuse.
+
+    A run writes into a new or empty folder outside the course's own folders. With `replace`,
+    a folder of an earlier run is accepted: the files that run wrote (its manifest) are removed,
+    its report first, so no old report outlives the notebooks it describes; nothing else is
+    touched. The manifest of this run is written before any notebook."""
+    out_dir = Path(out_dir)
+    where = out_dir.resolve()
+    for folder in source_folders():
+        if where == folder or where.is_relative_to(folder):
+            raise RunError(f"--out {out_dir} is inside the course's own {folder.name}/ folder, "
+                           "which a run never writes into; give a folder of its own, "
+                           "e.g. --out runs/mine")
+    for source in sources:
+        if (where / source.name).resolve() == source.resolve():
+            raise RunError(f"--out {out_dir} would overwrite the notebook {source} it runs; "
+                           "give another folder, e.g. --out runs/mine")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"--out {out_dir} is a file, not a folder; give a new folder, "
+                       "e.g. --out runs/mine")
+    present = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if present:
+        manifest = out_dir / RUN_MANIFEST
+        if not replace:
+            raise RunError(f"--out {out_dir} is not empty (it holds {', '.join(present[:3])}"
+                           f"{', ...' if len(present) > 3 else ''}); give a new folder, or add "
+                           "--replace to replace an earlier run there")
+        try:
+            made = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            raise RunError(f"--out {out_dir} is not a folder this runner wrote (no readable "
+                           f"{RUN_MANIFEST}), so --replace leaves it alone; give a new folder, "
+                           "e.g. --out runs/mine") from None
+        foreign = sorted(set(files) & (set(present) - set(made)))
+        if foreign:
+            raise RunError(f"--out {out_dir} holds {foreign[0]}, which the runner did not write "
+                           "and --replace does not overwrite; move it away or give a new folder")
+        # report.html first: a run stopped from here on leaves no report of the old run
+        for name in sorted(made, key=lambda n: n != "report.html"):
+            if Path(name).name == name:  # a plain name in this folder, never a path elsewhere
+                (out_dir / name).unlink(missing_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(out_dir / RUN_MANIFEST, json.dumps(
+            {"written_by": "python -m moe_tutorial run", "files": sorted(files)}, indent=1) + "\n")
+    except OSError as exc:
+        raise RunError(f"--out {out_dir} cannot be written ({exc.strerror or exc}); "
+                       "give a folder you can write to") from None
+
+
+def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
+                device: str | None = None, live: bool = False, cell_timeout: int | None = None,
+                parameters: dict | None = None, replace: bool = False) -> CourseRun:
+    """Check a run's inputs and make its folder ready (`prepare_out_dir`); raise RunError (or
+    ValueError for the mode) before anything runs. `execute_run` runs what this returns."""
     mode = course_mode(mode)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int)
+                                     or cell_timeout <= 0):
+        raise RunError(f"--cell-timeout {cell_timeout!r} is not a positive number of seconds; "
+                       f"give e.g. --cell-timeout {CELL_TIMEOUT_S[mode]}")
+    if device:
+        check_device(device)
+    names = [nb.name for nb in notebooks]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RunError(f"two selected notebooks are named {twice[0]}, and both would be written to "
+                       f"{out_dir / twice[0]}; run them in separate runs")
+    check_parameters(parameters or {}, notebooks)
+    prepare_out_dir(out_dir, [nb.name for nb in notebooks] + ["report.html"], notebooks,
+                    replace=replace)
     params = {"MODE": mode, "LIVE": bool(live)}
     if device:
         params["DEVICE"] = device
     params.update(parameters or {})
-    timeout = cell_timeout or CELL_TIMEOUT_S[mode]
     course = CourseRun(mode=mode, out_dir=out_dir, parameters=params,
-                       started=_dt.datetime.now().isoformat(timespec="seconds"))
+                       cell_timeout=cell_timeout or CELL_TIMEOUT_S[mode])
     course.runs = [NotebookRun(nb.stem, nb, out_dir / nb.name) for nb in notebooks]
+    return course
+
+
+def execute_run(course: CourseRun, *, log_output: bool = False, echo=print) -> CourseRun:
+    """Execute a prepared run's notebooks in order with papermill; stop at the first failure.
+    Writes the executed notebooks and, last, `report.html`; returns `course`, filled in."""
+    import papermill
+
+    course.started = _dt.datetime.now().isoformat(timespec="seconds")
+    params = course.parameters
     repo = PACKAGE_ROOT.parent
     pythonpath = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
-    env = {MODE_ENV: mode, "MOE_TUTORIAL_LIVE": "always" if live else "0",
-           "MOE_TUTORIAL_DEVICE": device or os.environ.get("MOE_TUTORIAL_DEVICE"),
+    env = {MODE_ENV: course.mode, "MOE_TUTORIAL_LIVE": "always" if params["LIVE"] else "0",
+           "MOE_TUTORIAL_DEVICE": params.get("DEVICE") or os.environ.get("MOE_TUTORIAL_DEVICE"),
            "PYTHONPATH": pythonpath,
            "JPY_SESSION_NAME": None}  # headless, even when started from a Jupyter kernel
     start = time.perf_counter()
@@ -274,7 +435,7 @@ def run_course(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
             try:
                 papermill.execute_notebook(
                     str(run.source), str(run.output), parameters=params, kernel_name=kernel,
-                    cwd=str(run.source.parent), execution_timeout=timeout,
+                    cwd=str(run.source.parent), execution_timeout=course.cell_timeout,
                     store_widget_state=False, progress_bar=False, log_output=log_output)
                 run.status = "ok"
             except Exception as exc:  # papermill raises on the first error output of a cell
@@ -294,6 +455,22 @@ def run_course(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
     course.seconds = time.perf_counter() - start
     write_report(course)
     return course
+
+
+def run_course(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
+               device: str | None = None, live: bool = False, cell_timeout: int | None = None,
+               parameters: dict | None = None, log_output: bool = False, replace: bool = False,
+               echo=print) -> CourseRun:
+    """Execute `notebooks` in order into `out_dir` with papermill; stop at the first failure.
+
+    Injected parameters: MODE, LIVE, DEVICE (when given) and `parameters`. Writes the executed
+    notebooks and, last, `out_dir/report.html`; returns what happened (see `CourseRun`).
+    `out_dir` must be new or empty, or, with `replace`, an earlier run's (`prepare_out_dir`).
+    Raises RunError for a bad folder, device, parameter or timeout before anything runs.
+    """
+    course = prepare_run(notebooks, out_dir, mode=mode, device=device, live=live,
+                         cell_timeout=cell_timeout, parameters=parameters, replace=replace)
+    return execute_run(course, log_output=log_output, echo=echo)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,7 +664,7 @@ this run, on this machine; figures quoted from elsewhere name their source in th
 <p class="muted">Written by <code>python -m moe_tutorial run</code>.</p>
 </body></html>
 """
-    course.report.write_text(page, encoding="utf-8")
+    _write_atomically(course.report, page)  # whole or not at all: a stopped run leaves no half page
     return course.report
 
 
@@ -514,8 +691,8 @@ def add_run_command(subparsers) -> argparse.ArgumentParser:
                      help="which notebooks, in this order: names (01_naive_moe), numbers (01) or "
                           "paths (default: every notebooks/NN_*.ipynb, in order)")
     run.add_argument("--out", default=None,
-                     help="folder for the executed notebooks and report.html "
-                          "(default: runs/<timestamp>/)")
+                     help="a new or empty folder for the executed notebooks and report.html, "
+                          "outside notebooks/, exercises/, solutions/ (default: runs/<timestamp>/)")
     run.add_argument("--device", default=None, help="device for the notebooks (default: cuda if "
                                                      "available, else cpu)")
     run.add_argument("--live", action="store_true",
@@ -526,6 +703,9 @@ def add_run_command(subparsers) -> argparse.ArgumentParser:
     run.add_argument("-p", "--param", action="append", default=[], type=_parse_param,
                      metavar="NAME=VALUE", help="another parameter to inject (Python literal or text)")
     run.add_argument("--log-output", action="store_true", help="echo the notebooks' output")
+    run.add_argument("--replace", action="store_true",
+                     help="--out may hold an earlier run: remove the files that run wrote (and "
+                          "nothing else) before this one (default: --out must be new or empty)")
     run.set_defaults(run=_run_command)
     return run
 
@@ -533,9 +713,9 @@ def add_run_command(subparsers) -> argparse.ArgumentParser:
 def _run_command(args: argparse.Namespace) -> int:
     from .hardware import capabilities
 
-    mode = course_mode(args.mode)
     out = Path(args.out) if args.out else Path("runs") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
+        mode = course_mode(args.mode)
         notebooks = find_notebooks(args.notebooks)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -545,22 +725,25 @@ def _run_command(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(missing)} not installed; install the course's extras: "
               "pip install -e '.[course,hf]' (or make course)", file=sys.stderr)
         return 2
+    try:
+        course = prepare_run(notebooks, out, mode=mode, device=args.device, live=args.live,
+                             cell_timeout=args.cell_timeout, parameters=dict(args.param),
+                             replace=args.replace)
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     caps = capabilities()
     print(caps.describe_machine())
     print(caps.table())
     print(f"\ncourse mode {mode}: {len(notebooks)} notebook(s) → {out}/")
     if not notebooks:
-        out.mkdir(parents=True, exist_ok=True)
-        course = CourseRun(mode=mode, out_dir=out, parameters={"MODE": mode},
-                           started=_dt.datetime.now().isoformat(timespec="seconds"),
-                           note=f"No course notebooks found (looked for {default_notebooks_dir()}"
-                                f"/{NOTEBOOK_GLOB}).")
+        course.started = _dt.datetime.now().isoformat(timespec="seconds")
+        course.note = (f"No course notebooks found (looked for {default_notebooks_dir()}"
+                       f"/{NOTEBOOK_GLOB}).")
         print(course.note)
         print(f"report: {write_report(course)}")
         return 0
-    course = run_course(notebooks, out, mode=mode, device=args.device, live=args.live,
-                        cell_timeout=args.cell_timeout, parameters=dict(args.param),
-                        log_output=args.log_output)
+    course = execute_run(course, log_output=args.log_output)
     print(f"report: {course.report}")
     return 0 if course.ok else 1
 
@@ -574,6 +757,9 @@ HINT_PREFIX = "### HINT:"
 STUB_COMMENT = "# YOUR CODE HERE (replace this line and the next; then run the check below)"
 _MARKER_LIKE = re.compile(r"^\s*###\s*(BEGIN|END)\s+SOLUTION|^\s*###\s*HINT\b", re.IGNORECASE)
 _RUN_LEFTOVERS = {"cell": ("execution",), "notebook": ("widgets", "papermill")}
+# The exercise notebook's metadata key under which the build records what it wrote: the hash of
+# its cells' sources (`sources_digest`), so that the next build can tell a learner's edits.
+BUILD_STAMP = "moe_tutorial_build"
 
 
 class BuildError(ValueError):
@@ -651,7 +837,7 @@ def exercise_notebook(solution: dict, where: str = "notebook") -> dict:
         cell["source"] = _lines(source)
         cell["outputs"] = []
         cell["execution_count"] = None
-    for key in _RUN_LEFTOVERS["notebook"]:
+    for key in (*_RUN_LEFTOVERS["notebook"], BUILD_STAMP):  # the stamp is the build's to write
         exercise.get("metadata", {}).pop(key, None)
     if not regions:
         raise BuildError(f"{where}: no solution region ({SOLUTION_BEGIN} ... {SOLUTION_END}); "
@@ -669,16 +855,47 @@ def default_solutions_dir() -> Path:
     return _course_folder("solutions")
 
 
+def sources_digest(nb: dict) -> str:
+    """What a learner writes in a notebook, hashed: every cell's type and source, in order.
+    Running or opening a notebook (outputs, execution counts, metadata) leaves it unchanged."""
+    cells = [[cell["cell_type"], _text(cell["source"])] for cell in nb["cells"]]
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode()).hexdigest()
+
+
+def stamp(exercise: dict, built_from: str) -> dict:
+    """The exercise with the build's stamp in its metadata (see BUILD_STAMP)."""
+    exercise.setdefault("metadata", {})[BUILD_STAMP] = {
+        "built_from": built_from, "sources_sha256": sources_digest(exercise),
+        "note": "written by `python -m moe_tutorial build`, which overwrites this notebook only "
+                "while its cells are as it wrote them"}
+    return exercise
+
+
+def exercise_state(path: Path) -> str:
+    """`generated`: the build wrote it and its cells are as written (overwriting it loses nothing);
+    `edited`: the build wrote it and its cells changed since (a learner's work); `foreign`: not
+    written by the build (no stamp, or not notebook JSON)."""
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        written = nb["metadata"][BUILD_STAMP]["sources_sha256"]
+        current = sources_digest(nb)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return "foreign"
+    return "generated" if current == written else "edited"
+
+
 @dataclass
 class BuildResult:
     written: list[Path] = field(default_factory=list)  # created or changed (not in --check)
     unchanged: list[Path] = field(default_factory=list)
     removed: list[Path] = field(default_factory=list)  # stale exercises without a solution
+    kept: list[str] = field(default_factory=list)  # stale notebooks the build leaves: why
     problems: list[str] = field(default_factory=list)  # --check: what is out of date
+    refused: list[str] = field(default_factory=list)  # a learner's notebook the build would replace
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.refused
 
 
 def _differing_cells(old_text: str, new_text: str) -> str:
@@ -699,47 +916,126 @@ def _differing_cells(old_text: str, new_text: str) -> str:
     return "; ".join(parts)
 
 
+def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set[str]) -> None:
+    """Refuse a solutions folder without notebooks, and an exercises folder the build must not
+    write into: the solutions, the course's notebooks or package, a file, or a folder that holds
+    things the build did not write (none of them an exercise of this course)."""
+    if not solutions_dir.is_dir():
+        raise BuildError(f"--solutions {solutions_dir} "
+                         f"{'is not a folder' if solutions_dir.exists() else 'does not exist'}; "
+                         f"give the folder that holds the solutions notebooks ({NOTEBOOK_GLOB})")
+    if not expected:
+        raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}; give the "
+                         "folder that holds them with --solutions")
+    where = exercises_dir.resolve()
+    repo = PACKAGE_ROOT.parent
+    for folder in (solutions_dir, repo / "solutions", repo / "notebooks", default_notebooks_dir(),
+                   PACKAGE_ROOT):
+        folder = folder.resolve()
+        if where == folder or where.is_relative_to(folder):
+            raise BuildError(f"--exercises {exercises_dir} is inside {folder.name}/, which the "
+                             "build never writes into; give the exercises/ folder (the default) "
+                             "or a new one")
+    if exercises_dir.exists() and not exercises_dir.is_dir():
+        raise BuildError(f"--exercises {exercises_dir} is a file, not a folder; give a folder")
+    present = sorted(p for p in exercises_dir.iterdir() if not p.name.startswith(".")) \
+        if exercises_dir.is_dir() else []
+    ours = [p for p in present if p.name in expected
+            or (p.suffix == ".ipynb" and exercise_state(p) != "foreign")]
+    if present and not ours:
+        names = ", ".join(p.name for p in present[:3]) + (", ..." if len(present) > 3 else "")
+        raise BuildError(f"--exercises {exercises_dir} holds files the build did not write "
+                         f"({names}); give the exercises/ folder (the default) or a new or empty one")
+
+
+def _read_solution(source: Path, where: str) -> dict:
+    try:
+        nb = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BuildError(f"{where} cannot be read ({exc}); restore it, e.g. from git") from None
+    except json.JSONDecodeError as exc:
+        raise BuildError(f"{where}, line {exc.lineno}: not valid notebook JSON ({exc.msg}); "
+                         "fix it there or restore it, e.g. from git") from None
+    if (not isinstance(nb, dict) or not isinstance(nb.get("cells"), list)
+            or not all(isinstance(c, dict) and "cell_type" in c and "source" in c for c in nb["cells"])):
+        raise BuildError(f"{where} is JSON but not a notebook (it needs a list of cells, each with "
+                         "cell_type and source); restore it, e.g. from git")
+    return nb
+
+
 def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | None = None, *,
-                    check: bool = False) -> BuildResult:
+                    check: bool = False, replace: bool = False) -> BuildResult:
     """Generate `exercises_dir/NN_*.ipynb` from `solutions_dir/NN_*.ipynb` (see the docstring).
 
-    With `check`, write nothing and list in `problems` every exercise that is missing, differs
-    from what the build would write, or has no solution any more. Raises BuildError for bad
-    solution markers."""
+    Every notebook written carries the build's stamp (BUILD_STAMP). An exercise whose cells a
+    learner changed since (or a notebook the build did not write) is never overwritten: the build
+    writes nothing and lists each in `refused`, unless `replace`. Stale exercises (no solution)
+    are deleted only when unchanged; others are listed in `kept`. With `check`, write nothing
+    and list in `problems` every exercise that is missing, differs from what the build would
+    write, or has no solution any more, each with a fix that loses no work. Raises BuildError
+    for bad folders, solution notebooks or markers."""
     solutions_dir = Path(solutions_dir) if solutions_dir else default_solutions_dir()
     exercises_dir = Path(exercises_dir) if exercises_dir else solutions_dir.parent / "exercises"
     sources = sorted(solutions_dir.glob(NOTEBOOK_GLOB)) if solutions_dir.is_dir() else []
-    if not sources:
-        raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}")
+    expected = {s.name for s in sources}
+    _check_build_folders(solutions_dir, exercises_dir, expected)
     result = BuildResult()
-    fix = "run `python -m moe_tutorial build` and commit exercises/"
+    build = "python -m moe_tutorial build"
+    fix = f"run `{build}` and commit exercises/"
+    keep_work = (f"it holds your edits, which `{build}` keeps: copy your work out of "
+                 f"{exercises_dir.name}/, then run `{build} --replace`")
+    foreign = (f"the build did not write it, and `{build}` leaves it: move it away, or run "
+               f"`{build} --replace` to overwrite it")
+    to_write: list[tuple[Path, str]] = []
     for source in sources:
         where = f"{solutions_dir.name}/{source.name}"
-        text = notebook_json(exercise_notebook(json.loads(source.read_text(encoding="utf-8")),
-                                               where))
+        exercise = exercise_notebook(_read_solution(source, where), where)
+        text = notebook_json(stamp(exercise, where))
         target = exercises_dir / source.name
         shown = f"{exercises_dir.name}/{target.name}"
-        existing = target.read_text(encoding="utf-8") if target.exists() else None
+        if not target.exists():
+            state, existing = "missing", None
+        else:
+            state = exercise_state(target)
+            existing = target.read_text(encoding="utf-8") if state != "foreign" else None
         if existing == text:
             result.unchanged.append(target)
         elif check:
-            why = ("is missing" if existing is None else
-                   f"is out of date with {where} ({_differing_cells(existing, text)})")
-            result.problems.append(f"{shown} {why}: {fix}")
+            why = ("is missing" if state == "missing" else
+                   f"is out of date with {where} ({_differing_cells(existing, text)})"
+                   if state == "generated" else f"is out of date with {where}")
+            advice = {"edited": keep_work, "foreign": foreign}.get(state, fix)
+            result.problems.append(f"{shown} {why}: {advice}")
+        elif state in ("missing", "generated") or replace:
+            to_write.append((target, text))
         else:
-            exercises_dir.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-            result.written.append(target)
-    expected = {s.name for s in sources}
+            result.refused.append(f"{shown}: {keep_work if state == 'edited' else foreign}")
+    to_remove: list[Path] = []
     for stale in sorted(exercises_dir.glob(NOTEBOOK_GLOB)) if exercises_dir.is_dir() else []:
         if stale.name in expected:
             continue
+        shown = f"{exercises_dir.name}/{stale.name}"
+        state = exercise_state(stale)
         if check:
-            result.problems.append(f"{exercises_dir.name}/{stale.name} has no "
-                                   f"{solutions_dir.name}/{stale.name}: {fix} (it deletes it)")
+            advice = (f"{fix} (it deletes it)" if state == "generated"
+                      else "the build leaves it; delete it or move it out of "
+                           f"{exercises_dir.name}/ yourself")
+            result.problems.append(f"{shown} has no {solutions_dir.name}/{stale.name}: {advice}")
+        elif state == "generated":
+            to_remove.append(stale)
         else:
-            stale.unlink()
-            result.removed.append(stale)
+            result.kept.append(f"{shown} has no {solutions_dir.name}/{stale.name}, but "
+                               f"{'it holds your edits' if state == 'edited' else 'the build did not write it'}"
+                               ", so the build leaves it")
+    if result.refused:  # all or nothing: a build that stops half way would mix two versions
+        return result
+    for target, text in to_write:
+        exercises_dir.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        result.written.append(target)
+    for stale in to_remove:
+        stale.unlink()
+        result.removed.append(stale)
     return result
 
 
@@ -747,8 +1043,12 @@ def add_build_command(subparsers) -> argparse.ArgumentParser:
     """Add `build` to the `python -m moe_tutorial` command line."""
     build = subparsers.add_parser(
         "build", help="generate exercises/ from solutions/ (--check: fail when out of date)")
-    build.add_argument("--check", action="store_true",
-                       help="write nothing; exit 1 when exercises/ is not what the build writes")
+    what = build.add_mutually_exclusive_group()
+    what.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 when exercises/ is not what the build writes")
+    what.add_argument("--replace", action="store_true",
+                      help="overwrite exercises you edited (your edits are lost; without it the "
+                           "build refuses and writes nothing)")
     build.add_argument("--solutions", default=None, metavar="DIR",
                        help="the solutions notebooks (default: ./solutions, else the checkout's)")
     build.add_argument("--exercises", default=None, metavar="DIR",
@@ -759,7 +1059,8 @@ def add_build_command(subparsers) -> argparse.ArgumentParser:
 
 def _build_command(args: argparse.Namespace) -> int:
     try:
-        result = build_exercises(args.solutions, args.exercises, check=args.check)
+        result = build_exercises(args.solutions, args.exercises, check=args.check,
+                                 replace=args.replace)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -769,10 +1070,17 @@ def _build_command(args: argparse.Namespace) -> int:
         if result.ok:
             print(f"exercises up to date ({len(result.unchanged)} notebooks)")
         return 0 if result.ok else 1
+    if result.refused:
+        for refusal in result.refused:
+            print(f"error: {refusal}", file=sys.stderr)
+        print("nothing written", file=sys.stderr)
+        return 1
     for path in result.written:
         print(f"wrote {path}")
     for path in result.removed:
         print(f"removed {path} (no solution notebook)")
+    for kept in result.kept:
+        print(kept)
     print(f"{len(result.written)} written, {len(result.unchanged)} unchanged, "
           f"{len(result.removed)} removed")
     return 0

@@ -53,6 +53,7 @@ entropy of 4.196 bits (2.908 nats): the same model scored on the data it was cou
 from __future__ import annotations
 
 import gzip
+import numbers
 import random
 import re
 import warnings
@@ -88,6 +89,13 @@ ALLOWED_RESIDUES = (
     + ", ".join(f"{alias}→{target}" for alias, target in ALIASES.items())
     + ", in upper or lower case"
 )
+
+
+def check_count(name: str, value, *, least: int = 1) -> None:
+    """Refuse a count that is not an integer >= `least` (bool, float and str included: a
+    float seq_len or a negative slice bound would fail deep inside torch or drop data silently)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"{name}={value!r} must be an integer >= {least}")
 
 
 def find_invalid_residue(sequence: str) -> int | None:
@@ -163,7 +171,8 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
             # buffers) so that an undecodable byte is reported on its own line.
             for number, raw in enumerate(f, start=1):
                 try:
-                    yield number, raw.decode("utf-8")
+                    # A byte-order mark (as Windows editors write) is not part of the first line.
+                    yield number, raw.decode("utf-8-sig" if number == 1 else "utf-8")
                 except UnicodeDecodeError:
                     raise FastaFormatError(
                         f"{path}, line {number}: not UTF-8 text; is this a binary file?"
@@ -221,8 +230,7 @@ def load_sequences(
     """
     if on_invalid not in ("raise", "skip"):
         raise ValueError(f"on_invalid must be 'raise' or 'skip', not {on_invalid!r}")
-    if min_length < 1:
-        raise ValueError(f"min_length must be at least 1, not {min_length}")
+    check_count("min_length", min_length)
     path = DEFAULT_FASTA if path is None else Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no FASTA file at {path}")
@@ -285,8 +293,7 @@ def pack_sequences(
     Returns a LongTensor [n_windows, seq_len + 1]. Windows start every `seq_len` tokens, so
     window i ends with the token window i + 1 starts with; the incomplete tail is dropped.
     """
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be at least 1, not {seq_len}")
+    check_count("seq_len", seq_len)
     tokenizer = tokenizer or ProteinTokenizer()
     stream = array("q")  # 8-byte ints, so torch can use the buffer without a Python loop
     for sequence in sequences:
@@ -319,12 +326,12 @@ def iterate_batches(
     draw their orders, no window is copied.
     """
     n_windows = packed.shape[0]
-    if not 1 <= batch_size <= n_windows:
+    check_count("batch_size", batch_size)
+    check_count("start", start, least=0)
+    if batch_size > n_windows:
         raise ValueError(
             f"batch_size={batch_size} must be between 1 and the number of windows ({n_windows})"
         )
-    if start < 0:
-        raise ValueError(f"start={start} must be >= 0 (the number of batches already used)")
     per_epoch = n_windows // batch_size
     generator = torch.Generator().manual_seed(seed)
     epoch, skip = divmod(start, per_epoch)
@@ -380,6 +387,10 @@ def load_protein_data(
     `max_sequences` keeps a random subset (the first N after a shuffle with `seed`) for fast
     tests and small runs.
     """
+    # Checked before the file is read: a bad size would otherwise fail only after it.
+    check_count("seq_len", seq_len)
+    if max_sequences is not None:
+        check_count("max_sequences", max_sequences)
     source = DEFAULT_FASTA if path is None else Path(path)
     sequences = load_sequences(source)
     if max_sequences is not None:

@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import hardware, recipes
-from .routing import permute, unpermute
+from .routing import check_expert_indices, check_routed_shapes, permute, unpermute
 
 # The fused grouped MLP's shape rules (TE 2.20, ops/fused/grouped_mlp.py; the 256 from TE's
 # docs/examples/te_mixtral/te_moe_dispatch.py: the cuDNN kernel rejects per-expert row counts that
@@ -127,8 +127,8 @@ def naive_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tenso
     """HF's eager experts loop: for each expert that received tokens, gather, MLP, scatter-add."""
     out = torch.zeros_like(hidden)
     with torch.no_grad():
-        # [E, k, T] mask; which (slot, token) pairs chose each expert
-        expert_mask = F.one_hot(indices, num_classes=experts.num_experts).permute(2, 1, 0)
+        # [E, k, T] mask; which (slot, token) pairs chose each expert (one_hot takes int64 only)
+        expert_mask = F.one_hot(indices.long(), num_classes=experts.num_experts).permute(2, 1, 0)
         experts_hit = torch.nonzero(expert_mask.sum(dim=(-1, -2)) > 0).flatten().tolist()
     for e in experts_hit:  # one host sync per expert: the loop's shape depends on the routing
         slot, token = torch.where(expert_mask[e])
@@ -145,14 +145,48 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> tuple
     Uses `torch._grouped_mm` where it takes these tensors; otherwise a loop of per-expert
     matmuls over the same sorted buffer (same result; the fallback is for CPUs, old torch, and
     shapes whose rows are not 16-byte aligned). Returns (result [R, N], which path ran).
+
+    `offsets` [E] int32 are the experts' row ends (`torch.cumsum(m_splits, 0)`): non-decreasing,
+    the last one R. Their values are checked where they are on the host (free) or copied there
+    anyway (the loop); on a GPU's torch._grouped_mm path reading them would cost a host sync
+    per GEMM, and the package's own offsets come from `routing.permute`, right by construction.
     """
+    _check_grouped_mm_shapes(x, w, offsets)
     reason = _grouped_mm_unusable(x, w)
+    ends = None
+    if reason is not None or not offsets.is_cuda:
+        ends = offsets.tolist()
+        _check_row_ends(ends, x.shape[0])
     if reason is None:
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets), "torch._grouped_mm"
-    ends = offsets.tolist()
     starts = [0] + ends[:-1]
     out = torch.cat([x[s:t] @ w[e].T for e, (s, t) in enumerate(zip(starts, ends))])
     return out, f"per-expert matmul loop ({reason})"
+
+
+_OFFSETS_FIX = "build them as torch.cumsum(m_splits, 0).to(torch.int32)"
+
+
+def _check_grouped_mm_shapes(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> None:
+    if x.dim() != 2 or w.dim() != 3 or x.shape[1] != w.shape[2]:
+        raise ValueError(f"grouped_mm takes x [R, K] and w [E, N, K] with the same K, got x "
+                         f"{tuple(x.shape)} and w {tuple(w.shape)}: pass rows of the experts' "
+                         f"input width")
+    if offsets.shape != (w.shape[0],) or offsets.dtype != torch.int32:
+        raise ValueError(f"offsets must be [E] int32 row ends, one per expert (E={w.shape[0]}), "
+                         f"got shape {tuple(offsets.shape)} {offsets.dtype}: {_OFFSETS_FIX}")
+
+
+def _check_row_ends(ends: list[int], num_rows: int) -> None:
+    """Row ends must rise from 0 and end at the last row, or the GEMMs read and write past the
+    rows they were given (torch._grouped_mm leaves such output rows uninitialised)."""
+    for e, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+        if end < start:
+            raise ValueError(f"offsets[{e}]={end} is below {start}, where expert {e}'s rows "
+                             f"start: row counts cannot be negative; {_OFFSETS_FIX}")
+    if ends and ends[-1] != num_rows:
+        raise ValueError(f"offsets end at row {ends[-1]} but x has {num_rows} rows: the "
+                         f"experts' row counts must sum to the rows; {_OFFSETS_FIX}")
 
 
 def _grouped_mm_unusable(x: torch.Tensor, w: torch.Tensor) -> str | None:
@@ -177,6 +211,20 @@ def grouped_torch_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: tor
     y, _ = grouped_mm(swiglu(h), experts.down_proj, perm.offsets)
     experts.last_path = path
     return unpermute(y, perm, weights)
+
+
+def check_expert_inputs(experts: nn.Module, hidden: torch.Tensor, indices: torch.Tensor,
+                        weights: torch.Tensor) -> None:
+    """Refuse a forward pass's inputs that do not fit `experts` (any backend): shapes and dtypes
+    (free), and expert indices outside [0, num_experts) where they are on the host
+    (`routing.check_expert_indices`: on a GPU the router's top-k makes them, in range by
+    construction, and reading them would cost a host sync per layer)."""
+    check_routed_shapes(hidden, indices, weights)
+    if hidden.shape[1] != experts.hidden_size or not hidden.dtype.is_floating_point:
+        raise ValueError(f"hidden of shape {tuple(hidden.shape)} and dtype {hidden.dtype} does "
+                         f"not fit these experts: pass floating-point [T, {experts.hidden_size}] "
+                         f"(hidden_size={experts.hidden_size})")
+    check_expert_indices(indices, experts.num_experts)
 
 
 ExpertBackend = Callable[["ExpertMLP", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -212,6 +260,7 @@ class ExpertMLP(nn.Module):
     def forward(self, hidden: torch.Tensor, indices: torch.Tensor,
                 weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], indices [T, k] chosen experts, weights [T, k] their routing weights."""
+        check_expert_inputs(self, hidden, indices, weights)
         return BACKENDS[self._backend](self, hidden, indices, weights)
 
     @torch.no_grad()
@@ -256,7 +305,7 @@ def dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
         return Dispatched(rows, row_weights, perm.m_splits,
                           lambda y, merge: unpermute(y, perm, weights if merge else None),
                           "routing.permute")
-    num_tokens = hidden.shape[0]
+    num_tokens, indices = hidden.shape[0], indices.long()  # scatter takes int64 indices only
     routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.int32, device=hidden.device)
     routing_map.scatter_(1, indices, 1)
     probs = torch.zeros(num_tokens, num_experts, dtype=torch.float32,
@@ -269,6 +318,33 @@ def dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
                                 restore_shape=hidden.shape, pad_offsets=pad_offsets)
 
     return Dispatched(rows, row_weights, m_splits, combine, "te.moe_permute_and_pad_with_probs")
+
+
+def check_split_sizes(split_sizes, num_groups: int, num_rows: int) -> None:
+    """Refuse the split sizes (a list, or a tensor as te.ops takes them) that TE's GroupedLinear
+    refuses: not one per group, negative, or not summing to the rows. The values of a GPU tensor
+    are left to `grouped_mm`, which checks them where it reads them."""
+    is_tensor = isinstance(split_sizes, torch.Tensor)
+    count = split_sizes.numel() if is_tensor else len(split_sizes)
+    # TE 2.20: module/grouped_linear.py, GroupedLinear.forward ("Shape of splits tensor ... does
+    # not match number of GEMMs") and ops/basic/grouped_linear.py, GroupedLinear.fuser_forward
+    # ("Expected {num_groups} splits"), both ValueError.
+    if count != num_groups:
+        raise ValueError(f"expected {num_groups} split sizes, one per group (expert), got "
+                         f"{count}: pass m_splits with a row count for every expert, zeros "
+                         f"included")
+    if is_tensor and split_sizes.is_cuda:
+        return
+    sizes = [int(n) for n in (split_sizes.tolist() if is_tensor else split_sizes)]
+    # TE 2.20 splits the rows with torch.split(x, m_splits) (module/_split_quantization.py,
+    # _split_quantize; ops/basic/grouped_linear.py, GroupedLinear._fuser_forward_split_quantize),
+    # which refuses negative sizes and sizes that do not sum to the rows.
+    if min(sizes, default=0) < 0:
+        raise ValueError(f"split sizes {sizes} hold a negative row count: every expert's row "
+                         f"count must be >= 0")
+    if sum(sizes) != num_rows:
+        raise ValueError(f"split sizes {sizes} sum to {sum(sizes)} rows but the input has "
+                         f"{num_rows}: the row counts must add up to the input's rows")
 
 
 class ReferenceGroupedLinear(nn.Module):
@@ -294,6 +370,10 @@ class ReferenceGroupedLinear(nn.Module):
                 torch.zeros(out_features, dtype=dtype, device=device)) if bias else None)
 
     def forward(self, x: torch.Tensor, split_sizes) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"GroupedLinear takes rows of {self.in_features} features, got "
+                             f"shape {tuple(x.shape)}: pass x [rows, {self.in_features}]")
+        check_split_sizes(split_sizes, self.num_groups, x.shape[0])
         weight = torch.stack([getattr(self, f"weight{g}") for g in range(self.num_groups)])
         splits = torch.as_tensor(split_sizes, device=x.device)
         y = grouped_mm(x, weight, torch.cumsum(splits, 0).to(torch.int32))[0]
@@ -438,6 +518,7 @@ class TEGroupedLinearExperts(_TEExperts):
         return self.gate_up, self.down
 
     def forward(self, hidden, indices, weights):
+        check_expert_inputs(self, hidden, indices, weights)
         align = self.rows_alignment(recipes.active_recipe())
         d = dispatch(hidden, indices, weights, self.num_experts, align, self._te)
         m_splits = d.m_splits.tolist()  # one host copy, shared by both GEMMs
@@ -520,7 +601,7 @@ class TEOpsExperts(_TEExperts):
         self.require_fused = require_fused
         self.fused: bool | None = None
         ops = self._te.ops if self.uses_te else torch_ops
-        kw = dict(bias=False, device=device, dtype=dtype)
+        kw = {"bias": False, "device": device, "dtype": dtype}
         self.mlp = ops.Sequential(
             ops.GroupedLinear(num_experts, hidden_size, 2 * intermediate_size, **kw),
             ops.ScaledSwiGLU(glu_interleave_size=glu_interleave_size),
@@ -549,6 +630,7 @@ class TEOpsExperts(_TEExperts):
         return max(align, FUSED_MLP_ROWS_PER_EXPERT) if fusable and self.align is None else align
 
     def forward(self, hidden, indices, weights):
+        check_expert_inputs(self, hidden, indices, weights)
         recipe = recipes.active_recipe()
         align = self.rows_alignment(recipe)
         d = dispatch(hidden, indices, weights, self.num_experts, align, self._te)
@@ -617,7 +699,7 @@ def convert_experts(experts: nn.Module, backend: str, **options) -> nn.Module:
         return experts
     gate_up, down = experts.hf_weights()
     sizes = (experts.num_experts, experts.hidden_size, experts.intermediate_size)
-    where = dict(dtype=gate_up.dtype, device=gate_up.device)
+    where = {"dtype": gate_up.dtype, "device": gate_up.device}
     if backend in TORCH_BACKENDS:
         new = ExpertMLP(*sizes, backend, **where)
     else:

@@ -21,6 +21,9 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "grouped_mm")
 
 def hf_mixtral(model, experts_implementation: str = "grouped_mm"):
     """A transformers `MixtralForCausalLM` with `model`'s config and weights, on its device."""
+    if not hasattr(model, "to_hf_state_dict"):  # duck-typed: this module imports no package code
+        raise ValueError(f"hf_mixtral takes our model (a MoEForCausalLM), got a "
+                         f"{type(model).__name__}: build it first, MoEForCausalLM(config)")
     if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
         raise ValueError(f"experts_implementation must be one of {EXPERTS_IMPLEMENTATIONS}, "
                          f"got {experts_implementation!r}")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import hardware, recipes
-from .config import MoEConfig
+from .config import DTYPES, MIXTRAL_FIELDS, MoEConfig
 from .experts import TE_BACKENDS, ExpertMLP, convert_experts
 from .routing import Router, load_balancing_loss
 
@@ -47,6 +48,72 @@ def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
     """The targets of HF's `labels=input_ids` convention: position t predicts token t+1; the last
     position has no target (IGNORE_INDEX). With these our loss is the one HF computes."""
     return torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)], dim=1)
+
+
+TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding takes
+
+
+def _check_token_tensor(name: str, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} is a {type(value).__name__}, not a tensor of token ids "
+                         f"[batch, seq]: wrap it with torch.tensor({name})")
+    if value.dtype not in TOKEN_ID_DTYPES:
+        raise ValueError(f"{name} has dtype {value.dtype}; token ids are integers (torch.long or "
+                         f"torch.int32): convert with {name}.long()")
+
+
+def _outside_vocabulary(ids: torch.Tensor, vocab_size: int) -> int | None:
+    """The smallest id if it is negative, else the largest if it is >= vocab_size, else None."""
+    low, high = (v.item() for v in torch.aminmax(ids))
+    return low if low < 0 else high if high >= vocab_size else None
+
+
+def check_batch(config: MoEConfig, input_ids, targets=None) -> None:
+    """Refuse a batch the model cannot take, naming the value and the fix, before any kernel
+    runs. `MoEForCausalLM.forward` calls it on every batch.
+
+    Types, shapes and dtypes are checked always (free: no tensor is read). The token ids' range
+    needs a min/max over the batch: checked where the batch is in host memory (microseconds),
+    skipped for a batch already on a GPU, where reading the result would make the host wait for
+    the device at every training step; a caller that moves batches to a GPU can call this on the
+    host copy first. There, an out-of-range id fails in the embedding (a device-side assert) and
+    a bad target in the loss's gather, never silently."""
+    _check_token_tensor("input_ids", input_ids)
+    shape = tuple(input_ids.shape)
+    if len(shape) != 2:
+        fix = ("add the batch dimension: input_ids.unsqueeze(0)" if len(shape) == 1
+               else "reshape them to [batch, seq]")
+        raise ValueError(f"input_ids has shape {shape}; the model takes token ids of shape "
+                         f"[batch, seq]: {fix}")
+    if input_ids.numel() == 0:
+        raise ValueError(f"input_ids has shape {shape}: no tokens; pass at least one sequence of "
+                         f"at least one token")
+    if shape[1] > config.max_seq_len:
+        raise ValueError(f"sequence length {shape[1]} exceeds config.max_seq_len="
+                         f"{config.max_seq_len}: cut the sequences to at most {config.max_seq_len}"
+                         f" tokens, or build the model with a larger max_seq_len")
+    if targets is not None:
+        _check_token_tensor("targets", targets)
+        if tuple(targets.shape) != shape:
+            raise ValueError(
+                f"targets has shape {tuple(targets.shape)}, input_ids {shape}: they must match "
+                f"(targets[:, t] is the token after input_ids[:, t]; "
+                f"next_token_targets(input_ids) builds them)")
+    vocab = config.vocab_size
+    if input_ids.device.type == "cpu":
+        bad = _outside_vocabulary(input_ids, vocab)
+        if bad is not None:
+            raise ValueError(
+                f"input_ids holds token id {bad}, outside the vocabulary [0, {vocab}) of "
+                f"config.vocab_size={vocab}: tokenize with the tokenizer the model was built "
+                f"for, or build the model with a larger vocab_size")
+    if targets is not None and targets.device.type == "cpu":
+        bad = _outside_vocabulary(torch.where(targets == IGNORE_INDEX, 0, targets), vocab)
+        if bad is not None:
+            raise ValueError(
+                f"targets holds {bad}, neither a token id in [0, {vocab}) nor "
+                f"IGNORE_INDEX={IGNORE_INDEX} (a position the loss skips): build them with "
+                f"next_token_targets(input_ids)")
 
 
 class RMSNorm(nn.Module):
@@ -79,10 +146,13 @@ class _CrossEntropyWithGradient(torch.autograd.Function):
         count = valid.sum()  # a tensor: no host sync
         loss = logits.new_zeros((), dtype=torch.float32)
         grad = torch.empty_like(logits)
+        # Skipped positions gather token 0 and are then zeroed by `valid`; any other negative
+        # target stays negative and fails the gather, where clamping it would train on token 0.
+        gather_index = torch.where(valid, targets, 0).unsqueeze(1)
         for start in range(0, logits.shape[0], chunk):
             rows = slice(start, start + chunk)
             keep = valid[rows]
-            target = targets[rows].clamp_min(0).unsqueeze(1)
+            target = gather_index[rows]
             # One kernel reads the bf16 logits and writes fp32 log-probabilities; the rest works
             # in place on that buffer and the last op writes the gradient rounded to bf16.
             log_probs = torch.log_softmax(logits[rows], dim=1, dtype=torch.float32)
@@ -369,11 +439,15 @@ class MoEForCausalLM(nn.Module):
     # --- forward ----------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> CausalLMOutput:
         """input_ids [B, S]; targets [B, S] are the next tokens (targets[:, t] = the token after
-        input_ids[:, t]; IGNORE_INDEX to skip a position). Loss only when targets are given."""
+        input_ids[:, t]; IGNORE_INDEX to skip a position). Loss only when targets are given.
+        int64 or int32 ids and targets; a bad batch is refused first (`check_batch`)."""
+        check_batch(self.config, input_ids, targets)
+        device = self.model.embed_tokens.weight.device
+        for name, tensor in (("input_ids", input_ids), ("targets", targets)):
+            if tensor is not None and tensor.device != device:
+                raise ValueError(f"{name} are on {tensor.device}, the model on {device}: move "
+                                 f"them with {name}.to({str(device)!r})")
         seq_len = input_ids.shape[1]
-        if seq_len > self.config.max_seq_len:
-            raise ValueError(f"sequence length {seq_len} exceeds config.max_seq_len="
-                             f"{self.config.max_seq_len}")
         x = self.model.embed_tokens(input_ids)
         rotary = Rotary(seq_len, self.config.head_dim, self.config.rope_theta, x.device, x.dtype)
         router_logits = []
@@ -384,7 +458,9 @@ class MoEForCausalLM(nn.Module):
         logits = self.lm_head(self.model.norm(x))
         out = CausalLMOutput(logits=logits, router_logits=tuple(router_logits))
         if targets is not None:
-            out.lm_loss = cross_entropy(logits.flatten(0, 1), targets.flatten(), IGNORE_INDEX)
+            # .long(): torch's cross_entropy (the evaluation path) takes no int32 targets.
+            out.lm_loss = cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
+                                        IGNORE_INDEX)
             out.aux_loss = load_balancing_loss(router_logits, self.config.top_k)
             out.loss = out.lm_loss + self.config.aux_loss_coef * out.aux_loss
         return out
@@ -392,32 +468,43 @@ class MoEForCausalLM(nn.Module):
     # --- HF transformers interoperability ---------------------------------------------------
     @classmethod
     def from_hf(cls, hf_model, expert_backend: str = "grouped_torch") -> MoEForCausalLM:
-        """An equivalent model from a transformers `MixtralForCausalLM` (weights copied)."""
+        """An equivalent model from a transformers `MixtralForCausalLM` (weights copied).
+
+        A model it cannot represent exactly is refused, every differing field named
+        (`_mixtral_fields_not_implemented`). The loss is HF's with `output_router_logits=True`
+        (HF adds the load-balancing loss only when asked; this model always does)."""
+        _check_is_mixtral_causal_lm(hf_model)
         hf = hf_model.config
-        rope = getattr(hf, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"only the default RoPE is supported, the HF model uses {rope['rope_type']!r}")
-        if getattr(hf, "sliding_window", None) is not None:
-            raise ValueError(f"the HF model uses sliding-window attention "
-                             f"(sliding_window={hf.sliding_window}); this model attends to the whole causal context")
-        if getattr(hf, "tie_word_embeddings", False):
-            raise ValueError("the HF model ties lm_head to the embeddings; Mixtral does not, nor does this model")
-        dtype = next(hf_model.parameters()).dtype
-        config = MoEConfig(
-            vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
-            intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
-            num_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads,
-            num_experts=hf.num_local_experts, top_k=hf.num_experts_per_tok,
-            max_seq_len=hf.max_position_embeddings, rope_theta=float(rope.get("rope_theta", 1e6)),
-            norm_eps=hf.rms_norm_eps, aux_loss_coef=hf.router_aux_loss_coef,
-            init_std=hf.initializer_range, dtype=str(dtype).removeprefix("torch."))
-        head_dim = getattr(hf, "head_dim", None) or config.head_dim
-        if head_dim != config.head_dim:
-            raise ValueError(f"the HF model's head_dim={head_dim} differs from hidden/heads="
-                             f"{config.head_dim}; this model derives it from hidden/heads")
-        device = next(hf_model.parameters()).device
-        model = cls(config, "grouped_torch", device=device)  # HF layout, then convert
-        model.load_state_dict(_normalise_hf_keys(hf_model.state_dict()))
+        unsupported = _mixtral_fields_not_implemented(hf)
+        if unsupported:
+            raise ValueError(f"from_hf cannot represent this Mixtral model exactly: "
+                             f"{'; '.join(unsupported)}. Convert a model with the supported "
+                             f"values, or build one here with MoEConfig")
+        first = next(hf_model.parameters())
+        dtype = str(first.dtype).removeprefix("torch.")
+        if dtype not in DTYPES:
+            raise ValueError(f"the HF model's weights are {first.dtype}; this model runs in "
+                             f"{sorted(DTYPES)}: convert them first, e.g. "
+                             f"hf_model.to(torch.float32)")
+        read = {name: (hf_name, getattr(hf, hf_name)) for name, hf_name in MIXTRAL_FIELDS.items()}
+        read["rope_theta"] = ("rope_parameters['rope_theta']",
+                              (hf.rope_parameters or {}).get("rope_theta", hf.default_theta))
+        try:
+            config = MoEConfig(dtype=dtype, **{name: value for name, (_, value) in read.items()})
+        except ValueError as exc:  # name the fields as the HF config spells them
+            culprits = ", ".join(f"{hf_name}={value!r}" for name, (hf_name, value) in read.items()
+                                 if re.search(rf"\b{name}\b", str(exc)))
+            raise ValueError(f"the HF model's config ({culprits}) does not describe a model this "
+                             f"package builds: {exc}") from None
+        model = cls(config, "grouped_torch", device=first.device)  # HF layout, then convert
+        state = _normalise_hf_keys(hf_model.state_dict())
+        ours = set(model.state_dict())
+        missing, unexpected = ours - set(state), set(state) - ours
+        if missing or unexpected:  # e.g. a Mixtral with adapters or biases added
+            raise ValueError(f"the HF model's weights are not a Mixtral's: missing "
+                             f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; convert "
+                             f"a plain MixtralForCausalLM (merge any adapters first)")
+        model.load_state_dict(state)
         return model.set_expert_backend(expert_backend)
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -449,6 +536,58 @@ def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
             f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20, rows padded to 16 "
             "or 128: benchmarks/results/h200_block_scaling_alignment.json): use the "
             "te_grouped_linear backend for block scaling, or precision 'fp8' with te_ops")
+
+
+def _check_is_mixtral_causal_lm(hf_model) -> None:
+    if not isinstance(hf_model, nn.Module):
+        raise ValueError(f"from_hf takes a transformers MixtralForCausalLM, a model with weights; "
+                         f"got a {type(hf_model).__name__}: build one with "
+                         f"MixtralForCausalLM(config) or load one with from_pretrained")
+    model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
+    if model_type != "mixtral":
+        raise ValueError(f"from_hf converts Mixtral models only; {type(hf_model).__name__} is "
+                         f"model_type={model_type!r}, whose layers this model does not have: "
+                         f"convert a MixtralForCausalLM, or build a model here with MoEConfig")
+    if not isinstance(getattr(hf_model, "lm_head", None), nn.Module):
+        raise ValueError(f"from_hf takes a MixtralForCausalLM (with its lm_head); got a "
+                         f"{type(hf_model).__name__}: load MixtralForCausalLM.from_pretrained(...)")
+
+
+def _mixtral_fields_not_implemented(hf) -> list[str]:
+    """The values of a transformers `MixtralConfig` (transformers 5) that this model does not
+    compute, each as 'field=value (what it is; supported: ...)'.
+
+    MixtralConfig's fields: those in `config.MIXTRAL_FIELDS` and rope_parameters' rope_theta are
+    mapped onto MoEConfig; the ones below change the arithmetic and have one supported value;
+    the rest change nothing this model computes (use_cache, bos/eos_token_id, output_attentions,
+    output_hidden_states, output_router_logits: see `from_hf`)."""
+    heads_width = hf.hidden_size // hf.num_attention_heads
+    rope_type = (hf.rope_parameters or {}).get("rope_type", "default")  # legacy rope_scaling too
+    checks = [  # field, value, supported?, what it is, what is supported
+        ("hidden_act", hf.hidden_act, hf.hidden_act in ("silu", "swish"),
+         "the experts' activation", "'silu'"),
+        ("rope_type", rope_type, rope_type == "default",
+         "the RoPE variant in rope_parameters / rope_scaling", "'default' with any rope_theta"),
+        ("head_dim", hf.head_dim, hf.head_dim in (None, heads_width), "the attention head width",
+         f"None or hidden_size / num_attention_heads = {heads_width}"),
+        # A window at least max_position_embeddings wide covers every sequence this model takes.
+        ("sliding_window", hf.sliding_window,
+         hf.sliding_window is None or hf.sliding_window >= hf.max_position_embeddings,
+         "sliding-window attention",
+         f"None (the whole causal context) or >= max_position_embeddings="
+         f"{hf.max_position_embeddings}"),
+        ("attention_dropout", hf.attention_dropout, hf.attention_dropout == 0,
+         "dropout on the attention weights in training", "0.0"),
+        ("router_jitter_noise", hf.router_jitter_noise, hf.router_jitter_noise == 0,
+         "multiplicative noise on the router's input in training", "0.0"),
+        ("tie_word_embeddings", hf.tie_word_embeddings, not hf.tie_word_embeddings,
+         "lm_head sharing the embedding matrix", "False, as in Mixtral"),
+        ("pad_token_id", hf.pad_token_id, hf.pad_token_id is None,
+         "the embedding row HF's training gives no gradient",
+         "pad_token_id=None (from_pretrained(..., pad_token_id=None); the weights are the same)"),
+    ]
+    return [f"{field}={value!r} ({what}; supported: {supported})"
+            for field, value, ok, what, supported in checks if not ok]
 
 
 def _normalise_hf_keys(state: dict) -> dict:

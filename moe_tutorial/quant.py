@@ -135,7 +135,26 @@ def _format(fmt: FP8Format | str) -> FP8Format:
     return FP8_FORMATS[fmt]
 
 
-@functools.lru_cache(maxsize=None)
+def _check_quantizable(x: torch.Tensor, caller: str, min_dims: int = 0) -> None:
+    """Refuse what no quantizer here takes: values that are not floating point (TE quantizes
+    fp32, bf16 and fp16), or fewer dimensions than the blocks need."""
+    if not x.is_floating_point():
+        raise ValueError(f"{caller} quantizes floating-point values, got a {x.dtype} tensor: "
+                         f"convert it with x.float() (FP8 codes are read with fp8_decode)")
+    if x.dim() < min_dims:
+        raise ValueError(f"{caller} needs a tensor of at least {min_dims} dimension(s), got shape "
+                         f"{tuple(x.shape)}: reshape it (x.reshape(1, -1) for one row)")
+
+
+def _check_dim(x: torch.Tensor, dim: int, caller: str) -> None:
+    if not -x.dim() <= dim < x.dim():
+        fix = (f"pass dim from {-x.dim()} to {x.dim() - 1}" if x.dim() else
+               "blocks need a tensor of at least one dimension")
+        raise ValueError(f"{caller}: dim={dim} is not a dimension of a tensor of shape "
+                         f"{tuple(x.shape)}: {fix}")
+
+
+@functools.cache
 def decode_table(fmt: FP8Format) -> torch.Tensor:
     """The float32 value of each of the 256 codes, straight from the format's definition."""
     m, bias = fmt.mantissa_bits, fmt.bias
@@ -158,8 +177,12 @@ def decode_table(fmt: FP8Format) -> torch.Tensor:
 
 
 def fp8_decode(codes: torch.Tensor, fmt: FP8Format | str = E4M3) -> torch.Tensor:
-    """FP8 codes (uint8, or a float8 tensor) → float32 values."""
+    """FP8 codes (uint8, or a float8 tensor of format `fmt`) → float32 values."""
     fmt = _format(fmt)
+    if codes.dtype not in (torch.uint8, fmt.torch_dtype):
+        raise ValueError(f"fp8_decode reads {fmt.name} codes as uint8 or {fmt.torch_dtype}, got a "
+                         f"{codes.dtype} tensor: pass the codes fp8_encode or a quantizer returned "
+                         f"(and fmt matching a float8 tensor's format)")
     if codes.dtype != torch.uint8:
         codes = codes.view(torch.uint8)
     return decode_table(fmt).to(codes.device)[codes.long()]
@@ -173,6 +196,7 @@ def fp8_encode(x: torch.Tensor, fmt: FP8Format | str = E4M3, *, saturate: bool =
     infinities included, become ±max; without it they become inf (E5M2) or NaN (E4M3).
     NaN → 0x7F with the input's sign bit.
     """
+    _check_quantizable(x, "fp8_encode")
     fmt = _format(fmt)
     m, bias = fmt.mantissa_bits, fmt.bias
     bits = x.float().contiguous().view(torch.int32).long() & 0xFFFFFFFF
@@ -217,6 +241,7 @@ def fp8_encode(x: torch.Tensor, fmt: FP8Format | str = E4M3, *, saturate: bool =
 
 def fp8_cast(x: torch.Tensor, fmt: FP8Format | str = E4M3) -> torch.Tensor:
     """Saturating float → FP8 cast as a torch float8 tensor (no scaling)."""
+    _check_quantizable(x, "fp8_cast")
     fmt = _format(fmt)
     return fp8_encode(x, fmt).view(fmt.torch_dtype)
 
@@ -247,6 +272,7 @@ def per_tensor_quantize(x: torch.Tensor, fmt: FP8Format | str = E4M3,
     """Per-tensor FP8: ``data = saturate(x × scale)``, returned with ``scale_inv = 1 / scale``
     (a float32 scalar, what TE's `Float8Tensor` stores). Without `scale`, current scaling:
     the scale comes from this tensor's amax."""
+    _check_quantizable(x, "per_tensor_quantize")
     fmt = _format(fmt)
     x32 = x.float()
     scale = current_scale(_nan_ignoring_amax(x32), fmt) if scale is None else \
@@ -382,8 +408,8 @@ def mxfp8_quantize(x: torch.Tensor, block: int = MX_BLOCK, dim: int = -1, rule: 
     padding is dropped from `data`. TE itself requires multiples of 32.
     """
     _check_block(block)
-    if not x.is_floating_point():
-        raise TypeError(f"mxfp8_quantize needs a floating-point tensor, got {x.dtype}")
+    _check_quantizable(x, "mxfp8_quantize", min_dims=1)
+    _check_dim(x, dim, "mxfp8_quantize")
     moved = x.float().movedim(dim, -1)
     size = moved.shape[-1]
     padded = F.pad(moved, (0, -size % block))
@@ -400,6 +426,10 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor, block: int = MX_B
                      dim: int = -1, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of `mxfp8_quantize`: each element times its block's 2^E."""
     _check_block(block)
+    if scales.dtype != torch.uint8:
+        raise ValueError(f"mxfp8_dequantize reads scales as uint8 E8M0 bytes, got {scales.dtype}: "
+                         f"pass the scales mxfp8_quantize returned (not their powers of two)")
+    _check_dim(data, dim, "mxfp8_dequantize")
     values = fp8_decode(data, E4M3).movedim(dim, -1)
     scales = scales.movedim(dim, -1)
     size = values.shape[-1]
@@ -444,6 +474,7 @@ def tile_fake_quantize(x: torch.Tensor, tile: int = FP8_BLOCK_TILE
     Float8BlockScaling's weight tiles; ragged edges are padded with zeros, which do not change
     a tile's amax). Returns what `fake_quantize` returns."""
     _check_block(tile)
+    _check_quantizable(x, "tile_fake_quantize", min_dims=2)
     x32 = x.float()
     rows, cols = x32.shape[-2:]
     padded = F.pad(x32, (0, -cols % tile, 0, -rows % tile))
@@ -463,6 +494,9 @@ def fake_quantize(x: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Ten
     its scale can represent (448 × the element's scale_inv) - values above it saturated."""
     if method not in QUANT_METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {list(QUANT_METHODS)}")
+    # one scale per tensor takes any tensor; blocks need a last dim, 128x128 tiles two
+    min_dims = 0 if method == "fp8_current" else 2 if method == "fp8_block_2d" else 1
+    _check_quantizable(x, "fake_quantize", min_dims)
     x32 = x.float()
     if method == "fp8_current":
         data, scale_inv = per_tensor_quantize(x32, E4M3)
@@ -521,6 +555,7 @@ def dynamic_range_histogram(x: torch.Tensor, bins: int | None = None, block: int
     ("per_block", TE's rule).
     """
     x32 = x.float()
+    _check_quantizable(x32, "dynamic_range_histogram", min_dims=1)
     nonzero = torch.isfinite(x32) & (x32 != 0)
     log2_magnitude = torch.masked_select(x32, nonzero).abs().log2()
     if log2_magnitude.numel() == 0:

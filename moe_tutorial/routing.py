@@ -33,8 +33,44 @@ class RouterOutput:
     indices: torch.Tensor  # [T, k] int64 chosen experts, most probable first
 
 
+def check_top_k(top_k: int, num_experts: int) -> None:
+    """Refuse a top_k that is not a whole number of experts between 1 and num_experts."""
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k={top_k!r} must be a whole number from 1 to the number of "
+                         f"experts ({num_experts}): each token picks that many experts")
+
+
+def check_expert_indices(indices: torch.Tensor, num_experts: int) -> None:
+    """Refuse expert indices that are not integers, or, where they are on the host, that fall
+    outside [0, num_experts). Reading a GPU tensor's values costs a host sync, so there the range
+    is checked only where the values are read anyway (`sort_by_expert`)."""
+    _check_integer_indices(indices)
+    if indices.device.type == "cpu" and indices.numel():
+        lowest, highest = int(indices.min()), int(indices.max())
+        if lowest < 0 or highest >= num_experts:
+            raise _expert_out_of_range(lowest if lowest < 0 else highest, num_experts)
+
+
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def _check_integer_indices(indices: torch.Tensor) -> None:
+    if indices.dtype not in _INTEGER_DTYPES:
+        raise ValueError(f"expert indices must be an integer tensor (what torch.topk returns), "
+                         f"got {indices.dtype}: pass the router's indices, or indices.long()")
+
+
+def _expert_out_of_range(expert: int, num_experts: int) -> ValueError:
+    return ValueError(f"indices name expert {expert}, but there are only {num_experts} experts: "
+                      f"expert indices run from 0 to {num_experts - 1}")
+
+
 def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax in fp32 → top-k → renormalise the k weights. Returns (weights fp32, indices)."""
+    if logits.dim() == 0:
+        raise ValueError("route needs router logits of shape [T, E] (or [E] for one token), got "
+                         "a 0-d tensor: pass one score per expert")
+    check_top_k(top_k, logits.shape[-1])
     probs = torch.softmax(logits.float(), dim=-1)
     weights, indices = torch.topk(probs, top_k, dim=-1)
     return weights / weights.sum(dim=-1, keepdim=True), indices
@@ -45,10 +81,14 @@ class Router(nn.Module):
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, dtype=None, device=None):
         super().__init__()
+        check_top_k(top_k, num_experts)
         self.top_k = top_k
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype, device=device))
 
     def forward(self, hidden: torch.Tensor) -> RouterOutput:
+        if hidden.dim() == 0 or hidden.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"the router takes hidden states [..., {self.weight.shape[1]}], got "
+                             f"shape {tuple(hidden.shape)}: pass the layer's hidden states")
         logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight)
         weights, indices = route(logits, self.top_k)
         return RouterOutput(logits, weights, indices)
@@ -61,8 +101,18 @@ def load_balancing_loss(router_logits: Sequence[torch.Tensor], top_k: int) -> to
     probability of expert e, both pooled over all layers' tokens, the loss is E * sum_e f_e P_e.
     It is smallest (= top_k) when routing is uniform, and grows as experts are over-used.
     """
+    if isinstance(router_logits, torch.Tensor) or not router_logits:
+        what = "a tensor" if isinstance(router_logits, torch.Tensor) else "no layers"
+        raise ValueError(f"load_balancing_loss takes a list of every layer's router logits "
+                         f"[T, E], got {what}: pass [logits] for one layer")
+    num_experts = router_logits[0].shape[-1] if router_logits[0].dim() else 0
+    for layer, layer_logits in enumerate(router_logits):
+        if layer_logits.dim() != 2 or layer_logits.shape[-1] != num_experts:
+            raise ValueError(f"router logits of layer {layer} have shape "
+                             f"{tuple(layer_logits.shape)}; every layer's must be [T, "
+                             f"{num_experts}] (tokens × experts, as the router returns them)")
+    check_top_k(top_k, num_experts)
     logits = torch.cat([layer.float() for layer in router_logits], dim=0)  # [layers*T, E]
-    num_experts = logits.shape[-1]
     probs = torch.softmax(logits, dim=-1)
     chosen = torch.topk(probs, top_k, dim=-1).indices
     # Counting is not differentiable (and need not be): the gradient flows through P_e. index_add
@@ -102,13 +152,39 @@ def sort_by_expert(indices: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     is stable (tokens stay in order within an expert). Returns (order [T*k] int64,
     tokens_per_expert [E] int64, one entry per expert, zeros included).
     """
+    _check_integer_indices(indices)
     flat_experts = indices.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
-    tokens_per_expert = torch.bincount(flat_experts, minlength=num_experts)
-    if tokens_per_expert.numel() != num_experts:
-        raise ValueError(f"indices name expert {int(flat_experts.max())}, "
-                         f"but there are only {num_experts} experts")
+    # bincount reads the indices' minimum and maximum anyway (on a GPU, a host sync): checking
+    # the range here costs nothing until it fails.
+    try:
+        tokens_per_expert = torch.bincount(flat_experts, minlength=num_experts)
+    except RuntimeError:  # bincount refuses negative values
+        tokens_per_expert = None
+    if tokens_per_expert is None or tokens_per_expert.numel() != num_experts:
+        bad = flat_experts.min() if tokens_per_expert is None else flat_experts.max()
+        raise _expert_out_of_range(int(bad), num_experts)
     return order, tokens_per_expert
+
+
+def check_routed_shapes(hidden: torch.Tensor, indices: torch.Tensor,
+                        weights: torch.Tensor | None) -> None:
+    """Refuse hidden states, expert indices and routing weights whose shapes do not fit
+    together: hidden [T, H], indices [T, k], weights [T, k] floating point (or None)."""
+    if hidden.dim() != 2:
+        raise ValueError(f"hidden must be [T, H] (one row per token), got shape "
+                         f"{tuple(hidden.shape)}: flatten the batch with hidden.reshape(-1, H)")
+    if indices.dim() != 2:
+        raise ValueError(f"indices must be [T, k] (k experts per token), got shape "
+                         f"{tuple(indices.shape)}: for top-1 routing use indices.unsqueeze(1)")
+    if hidden.shape[0] != indices.shape[0]:
+        raise ValueError(f"hidden has {hidden.shape[0]} rows but indices has "
+                         f"{indices.shape[0]}: pass one row of indices per token")
+    if weights is not None and (weights.shape != indices.shape
+                                or not weights.dtype.is_floating_point):
+        raise ValueError(f"routing weights of shape {tuple(weights.shape)} and dtype "
+                         f"{weights.dtype} do not fit indices of shape {tuple(indices.shape)}: "
+                         f"pass one floating-point weight per chosen expert, [T, k]")
 
 
 def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor | None,
@@ -119,11 +195,11 @@ def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
     Returns (rows [R, H], row_weights [R] fp32 or None, Permutation); padding rows are zero and
     carry weight zero. Tokens keep their original order within an expert (a stable sort).
     """
-    if align < 1:
-        raise ValueError(f"align={align} must be a positive number of rows (1 = no padding)")
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+        raise ValueError(f"align={align!r} must be a positive whole number of rows "
+                         f"(1 = no padding)")
+    check_routed_shapes(hidden, indices, weights)
     num_tokens, top_k = indices.shape
-    if hidden.shape[0] != num_tokens:
-        raise ValueError(f"hidden has {hidden.shape[0]} rows but indices has {num_tokens}")
     sort_order, tokens_per_expert = sort_by_expert(indices, num_experts)
     sorted_experts = indices.reshape(-1)[sort_order]
     token_index = sort_order // top_k
@@ -163,6 +239,10 @@ def unpermute(rows: torch.Tensor, perm: Permutation, weights: torch.Tensor | Non
     if rows.shape[0] != perm.num_rows:
         raise ValueError(f"expected {perm.num_rows} expert-output rows (the permuted buffer), "
                          f"got {rows.shape[0]}")
+    if weights is not None and weights.shape != perm.assignment_rows.shape:
+        raise ValueError(f"routing weights of shape {tuple(weights.shape)} do not fit the "
+                         f"permutation's {tuple(perm.assignment_rows.shape)} [T, k]: pass the "
+                         f"weights that were routed with these indices")
     return _Combine.apply(rows, perm.assignment_rows, weights)
 
 

@@ -23,6 +23,7 @@ A parallel layout plugs in through two hooks, as in torchtitan's one `train_step
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, is_dataclass
@@ -32,7 +33,8 @@ from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from . import hardware
-from .data import iterate_batches
+from .data import check_count, iterate_batches
+from .model import MoEForCausalLM, check_batch
 
 
 @dataclass(frozen=True)
@@ -50,15 +52,30 @@ class TrainSettings:
     seed: int = 0
 
     def __post_init__(self):
+        # Checked here, where the values enter, rather than in AdamW or `range` steps later.
         for name in ("steps", "batch_size", "eval_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainSettings.{name}={getattr(self, name)} must be >= 1")
-        if not 0 <= self.warmup_steps < self.steps:
+            check_count(f"TrainSettings.{name}", getattr(self, name))
+        for name in ("warmup_steps", "eval_every"):
+            check_count(f"TrainSettings.{name}", getattr(self, name), least=0)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+            # ValueError, as for every bad setting: one type for callers to catch
+            raise ValueError(f"TrainSettings.seed={self.seed!r} must be an integer")  # noqa: TRY004
+        if not self.warmup_steps < self.steps:
             raise ValueError(f"TrainSettings.warmup_steps={self.warmup_steps} must be in "
                              f"[0, steps={self.steps})")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"TrainSettings: lr={self.lr} must be > 0 and "
+        if not (self.lr > 0 and math.isfinite(self.lr)) or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"TrainSettings: lr={self.lr} must be a finite number > 0 and "
                              f"min_lr_ratio={self.min_lr_ratio} in [0, 1]")
+        if not 0 <= self.weight_decay < math.inf:
+            raise ValueError(f"TrainSettings.weight_decay={self.weight_decay} must be a finite "
+                             f"number >= 0")
+        if len(self.betas) != 2 or not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"TrainSettings.betas={self.betas} must be two numbers in [0, 1), "
+                             f"e.g. (0.9, 0.95)")
+        # Clipping to 0 would zero every gradient: the run would not learn, silently.
+        if self.grad_clip is not None and not 0 < self.grad_clip < math.inf:
+            raise ValueError(f"TrainSettings.grad_clip={self.grad_clip} must be a finite number "
+                             f"> 0, or None for no clipping")
 
 
 def learning_rate(step: int, s: TrainSettings) -> float:
@@ -196,6 +213,10 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
         raise ValueError("resume=True needs checkpoint=Checkpointing(directory) to resume from")
     if not isinstance(data, torch.Tensor) and len(data) < s.steps:
         raise ValueError(f"{len(data)} batches given for {s.steps} steps")
+    if isinstance(data, torch.Tensor) and isinstance(model, MoEForCausalLM):
+        # Once, on the host copy: the forward pass range-checks only batches in host memory
+        # (on a GPU the check would cost a sync per step), so the whole dataset is checked here.
+        check_batch(model.config, data[:, :-1], data[:, 1:])
     torch.manual_seed(s.seed)
     device = next(model.parameters()).device
     optimizer = make_optimizer(model, s)

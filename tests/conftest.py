@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from course_helpers import fake_checkout, fast_papermill  # noqa: F401  (fixtures for every test module)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,8 +10,7 @@ import shutil
 import time
 
 import pytest
-
-from browser_lab import ARTIFACTS, CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
+from browser_lab import CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
 
 pytestmark = pytest.mark.browser
 # CI sets MOE_TUTORIAL_REQUIRE_BROWSER=1: there a missing browser fails the suite instead of

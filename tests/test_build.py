@@ -137,18 +137,23 @@ def test_check_names_the_stale_file_and_the_fix(checkout):
     nb["cells"][0]["source"].append("\nOne more sentence.")
     source.write_text(course.notebook_json(nb))
     (checkout / "exercises" / "02_permute_and_grouped_gemm.ipynb").unlink()
-    (checkout / "exercises" / "09_old.ipynb").write_text("{}")
+    # an exercise the build wrote whose solution is gone, and a notebook the learner made
+    shutil.copy(checkout / "exercises" / "03_mxfp8_blocks.ipynb", checkout / "exercises" / "09_old.ipynb")
+    (checkout / "exercises" / "08_mine.ipynb").write_text("{}")
     result = course.build_exercises(checkout / "solutions", check=True)
     assert not result.ok
     problems = "\n".join(result.problems)
     assert ("exercises/01_router_and_loop.ipynb is out of date with "
             "solutions/01_router_and_loop.ipynb (cell 1 differ") in problems
     assert "exercises/02_permute_and_grouped_gemm.ipynb is missing" in problems
-    assert "exercises/09_old.ipynb has no solutions/09_old.ipynb" in problems
-    assert all("run `python -m moe_tutorial build`" in p for p in result.problems)
+    assert "exercises/09_old.ipynb has no solutions/09_old.ipynb: run `python -m moe_tutorial build`" in problems
+    assert "exercises/08_mine.ipynb has no solutions/08_mine.ipynb: the build leaves it" in problems
     assert (checkout / "exercises" / "09_old.ipynb").exists(), "--check writes nothing"
     fixed = course.build_exercises(checkout / "solutions")
     assert fixed.removed == [checkout / "exercises" / "09_old.ipynb"]
+    assert (checkout / "exercises" / "08_mine.ipynb").read_text() == "{}", "not the build's to delete"
+    assert fixed.kept and "08_mine.ipynb" in fixed.kept[0]
+    (checkout / "exercises" / "08_mine.ipynb").unlink()
     assert course.build_exercises(checkout / "solutions", check=True).ok
 
 
@@ -161,7 +166,10 @@ def test_cli_build_and_check(checkout, capsys):
     err = capsys.readouterr().err
     assert "exercises/03_mxfp8_blocks.ipynb is out of date" in err
     assert "python -m moe_tutorial build" in err
-    assert main(["build", *args]) == 0
+    assert main(["build", *args]) == 1, "the build did not write that file: it leaves it"
+    assert "exercises/03_mxfp8_blocks.ipynb: the build did not write it" in capsys.readouterr().err
+    assert (checkout / "exercises" / "03_mxfp8_blocks.ipynb").read_text() == "{}"
+    assert main(["build", "--replace", *args]) == 0
     assert "wrote" in capsys.readouterr().out
     broken = checkout / "solutions" / "04_te_ops_grouped_mlp.ipynb"
     broken.write_text(broken.read_text().replace("### END SOLUTION", "### END"))
@@ -175,3 +183,70 @@ def test_the_committed_exercises_are_up_to_date():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "exercises up to date (6 notebooks)" in result.stdout
+
+
+def _edit_a_stub(exercise: Path) -> str:
+    """What a learner does: replace the first stub with an answer, and save."""
+    nb = json.loads(exercise.read_text())
+    cell = next(c for c in nb["cells"] if course.STUB_COMMENT in "".join(c["source"]))
+    cell["source"] = ["def route(logits, top_k):\n", "    return 'my answer'\n"]
+    exercise.write_text(course.notebook_json(nb))
+    return exercise.read_text()
+
+
+def test_build_never_overwrites_a_learners_edit(checkout, capsys):
+    """Finding 1: an edited exercise, then the command `build --check` recommends."""
+    exercise = checkout / "exercises" / "01_router_and_loop.ipynb"
+    mine = _edit_a_stub(exercise)
+    source = checkout / "solutions" / "02_permute_and_grouped_gemm.ipynb"  # the course moves on
+    nb = json.loads(source.read_text())
+    nb["cells"][0]["source"].append("\nOne more sentence.")
+    source.write_text(course.notebook_json(nb))
+    args = ["--solutions", str(checkout / "solutions"), "--exercises", str(checkout / "exercises")]
+    assert main(["build", "--check", *args]) == 1
+    err = capsys.readouterr().err
+    assert ("exercises/01_router_and_loop.ipynb is out of date with solutions/01_router_and_loop"
+            ".ipynb: it holds your edits, which `python -m moe_tutorial build` keeps") in err
+    assert "build --replace" in err
+    assert main(["build", *args]) == 1
+    err = capsys.readouterr().err
+    assert "exercises/01_router_and_loop.ipynb: it holds your edits" in err and "nothing written" in err
+    assert exercise.read_text() == mine
+    assert "One more sentence" not in (checkout / "exercises" / source.name).read_text(), \
+        "all or nothing: a refused build writes no other exercise either"
+    assert main(["build", "--replace", *args]) == 0
+    assert exercise.read_text() != mine and course.build_exercises(**_dirs(checkout), check=True).ok
+
+
+def _dirs(checkout: Path) -> dict:
+    return {"solutions_dir": checkout / "solutions", "exercises_dir": checkout / "exercises"}
+
+
+def test_running_an_exercise_is_not_an_edit(checkout):
+    """Outputs and execution counts are what running leaves, not work: the build may replace them."""
+    exercise = checkout / "exercises" / "01_router_and_loop.ipynb"
+    nb = json.loads(exercise.read_text())
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["ran\n"]}]
+    code["execution_count"] = 1
+    exercise.write_text(course.notebook_json(nb))
+    assert course.exercise_state(exercise) == "generated"
+    result = course.build_exercises(**_dirs(checkout))
+    assert result.written == [exercise] and not result.refused
+
+
+@pytest.mark.parametrize("folder", ["notebooks", "solutions"])
+def test_build_refuses_the_course_folders(checkout, folder, capsys, monkeypatch):
+    """Finding 1: `build --exercises notebooks` deleted every course notebook, `--exercises
+    solutions` overwrote the solutions with stubs. Run in the copy `checkout`, as if it were the
+    course's checkout, so that this test can do no harm even to a build without the guard."""
+    shutil.copytree(ROOT / "notebooks", checkout / "notebooks")
+    monkeypatch.setattr(course, "PACKAGE_ROOT", checkout / "moe_tutorial")
+    monkeypatch.chdir(checkout)
+    before = {p: p.read_bytes() for p in checkout.rglob("*.ipynb")}
+    assert main(["build", "--exercises", folder]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --exercises {folder} is inside {folder}/, which the build never "
+                   "writes into; give the exercises/ folder (the default) or a new one\n")
+    assert {p: p.read_bytes() for p in checkout.rglob("*.ipynb")} == before
+    assert course.build_exercises(**_dirs(checkout), check=True).ok, "the build still works"

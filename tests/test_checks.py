@@ -771,7 +771,7 @@ def test_a_check_never_raises_into_the_notebook(capsys):
     assert not checks.check_permute(wrong_signature)
     assert "raised TypeError" in capsys.readouterr().out
     assert not checks.check_expert_loop(42)
-    assert "expected your function, got int" in capsys.readouterr().out
+    assert "expected your function itself, got int" in capsys.readouterr().out
     assert not checks.check_quantize(lambda x: None)
     assert "return 2 values" in capsys.readouterr().out
 
@@ -785,18 +785,25 @@ def test_a_failing_check_reports_itself_instead_of_raising(capsys, monkeypatch):
 
 
 def test_the_learner_gets_copies_of_the_inputs(capsys):
+    """An in-place edit never reaches the reference's inputs, and fails the check: the later
+    cells use those tensors again."""
     def route_in_place(logits, top_k):
         out = checks.reference.route(logits, top_k)
         logits.zero_()  # vandalism the reference must not see
         return out
 
-    assert checks.check_route(route_in_place), capsys.readouterr().out
+    assert not checks.check_route(route_in_place)
+    out = capsys.readouterr().out
+    assert "changed its argument `logits` in place" in out, out
+    assert checks.check_route(checks.reference.route), capsys.readouterr().out
 
 
 def test_pick(capsys):
     def mine(logits, top_k):
         return checks.reference.route(logits, top_k)
 
+    assert checks.check_route(mine)
+    capsys.readouterr()
     assert checks.pick(mine, routing.route, True) is mine
     assert "use your `mine`" in capsys.readouterr().out
     assert checks.pick(mine, routing.route, False) is routing.route

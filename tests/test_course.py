@@ -9,7 +9,8 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("papermill")
-from nbformat.v4 import new_code_cell, new_notebook  # noqa: E402
+
+from course_helpers import notebook, snapshot  # noqa: E402
 
 from moe_tutorial import course  # noqa: E402
 from moe_tutorial.__main__ import main  # noqa: E402
@@ -18,15 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "notebooks" / "00_setup.ipynb"
 
 
-def _notebook(path: Path, *sources: str, parameters: str = "") -> Path:
-    cells = []
-    if parameters:
-        cells.append(new_code_cell(parameters, metadata={"tags": ["parameters"]}))
-    cells += [new_code_cell(src) for src in sources]
-    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "language": "python",
-                                                            "display_name": "Python 3"}})
-    nbformat.write(nb, path)
-    return path
+
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +68,9 @@ def test_report_is_self_contained_with_capabilities_and_closing_tables(setup_run
 def test_failing_notebook_stops_the_run_and_shows_its_error(tmp_path, capsys):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
-    first = _notebook(nbs / "01_fine.ipynb", "print('fine')", parameters="MODE = ''")
-    bad = _notebook(nbs / "02_broken.ipynb", "x = 1", "raise ValueError('broken on purpose')")
-    after = _notebook(nbs / "03_after.ipynb", "print('never')")
+    first = notebook(nbs / "01_fine.ipynb", "print('fine')", parameters="MODE = ''")
+    bad = notebook(nbs / "02_broken.ipynb", "x = 1", "raise ValueError('broken on purpose')")
+    after = notebook(nbs / "03_after.ipynb", "print('never')")
     out = tmp_path / "out"
     code = main(["run", "--mode", "small", "--notebooks", str(first), str(bad), str(after),
                  "--out", str(out)])
@@ -145,3 +138,76 @@ def test_report_renders_outputs():
     widget = {"output_type": "display_data", "data": {course.WIDGET_MIME: {}, "text/plain": "VBox()"}}
     assert course.render_output(widget, figures) == ""
     json.dumps(plot)
+
+
+
+
+
+@pytest.fixture()
+def two_notebooks(tmp_path):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    return [notebook(nbs / "01_a.ipynb", "print(1)", parameters="MODE = ''\nSTEPS = 0"),
+            notebook(nbs / "02_b.ipynb", "print(2)", parameters="MODE = ''")]
+
+
+def test_a_second_run_into_the_same_folder_is_refused(tmp_path, two_notebooks, fast_papermill, capsys):
+    """Finding 2: `run --out DIR` twice replaced the first run silently."""
+    out = tmp_path / "out"
+    args = ["run", "--mode", "small", "--notebooks", *map(str, two_notebooks), "--out", str(out)]
+    assert main(args) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: --out {out} is not empty (it holds .moe-tutorial-run.json, "
+                   "01_a.ipynb, 02_b.ipynb, ...); give a new folder, or add --replace to replace "
+                   "an earlier run there\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first
+    assert main([*args, "--replace"]) == 0
+
+
+def test_replace_after_a_killed_run_leaves_no_old_report(tmp_path, two_notebooks, fast_papermill):
+    """Finding 2: killed mid-run into an existing folder, the runner left a half-run notebook next
+    to an old report that still said "all notebooks ran". --replace removes the earlier run's
+    files (its report first) and nothing else; the report is written last, atomically."""
+    out = tmp_path / "out"
+    assert course.run_course(two_notebooks, out, mode="small").ok
+    assert "all notebooks ran" in (out / "report.html").read_text()
+    (out / "notes.txt").write_text("mine")
+    killed = two_notebooks[:1] + [notebook(two_notebooks[1].parent / "03_c.ipynb", "STOP")]
+    with pytest.raises(KeyboardInterrupt):
+        course.run_course(killed, out, mode="small", replace=True)
+    assert sorted(p.name for p in out.iterdir()) == [".moe-tutorial-run.json", "01_a.ipynb",
+                                                     "03_c.ipynb", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine", "not the runner's file: left alone"
+    done = course.run_course(two_notebooks, out, mode="small", replace=True)
+    assert done.ok and "all notebooks ran" in done.report.read_text()
+    assert not (out / "03_c.ipynb").exists(), "the killed run's file is gone with it"
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+
+
+
+
+
+
+@pytest.mark.parametrize("folder", ["notebooks", "exercises", "solutions", "moe_tutorial"])
+def test_a_run_never_writes_into_the_course(folder, fake_checkout, fast_papermill, capsys):
+    """Finding 2: `run --out notebooks` rewrote the course's own notebooks."""
+    before = snapshot(fake_checkout)
+    assert main(["run", "--notebooks", "00", "--out", folder]) == 2
+    err = capsys.readouterr().err
+    assert f"is inside the course's own {folder}/ folder" in err and "--out runs/mine" in err
+    assert snapshot(fake_checkout) == before
+
+
+def test_a_parameter_cannot_contradict_the_mode(tmp_path, two_notebooks, fast_papermill, capsys):
+    """Finding 6: `run --mode small -p MODE=full` ran full while the report said small."""
+    out = tmp_path / "out"
+    assert main(["run", "--mode", "small", "-p", "MODE=full", "--notebooks",
+                 *map(str, two_notebooks), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("error: -p MODE='full': MODE is set by --mode, not by -p; "
+                                       "drop -p MODE and use --mode full\n")
+    assert not out.exists()

@@ -9,10 +9,15 @@ nbval runs in a child pytest, one per folder, in the environment of tests/notebo
 """
 
 import pytest
+from notebook_conventions import (
+    ROOT,
+    assert_parameters_and_no_outputs,
+    assert_runs_under_nbval,
+    cells,
+    tagged,
+)
 
 from moe_tutorial import course
-from notebook_conventions import (ROOT, assert_parameters_and_no_outputs, assert_runs_under_nbval,
-                                  cells, tagged)
 
 FOLDERS = ("solutions", "exercises")
 NOTEBOOKS = [p for folder in FOLDERS for p in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb"))]

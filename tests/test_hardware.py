@@ -2,8 +2,14 @@ import json
 
 import pytest
 
-from moe_tutorial.hardware import (FALLBACK, FEATURES, NATIVE, capabilities, evaluate,
-                                   fake_environment)
+from moe_tutorial.hardware import (
+    FALLBACK,
+    FEATURES,
+    NATIVE,
+    capabilities,
+    evaluate,
+    fake_environment,
+)
 
 
 def test_this_machine_never_raises_and_covers_every_feature():

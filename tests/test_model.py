@@ -5,8 +5,13 @@ import torch
 import torch.nn.functional as F
 
 from moe_tutorial.config import preset
-from moe_tutorial.model import (IGNORE_INDEX, MoEForCausalLM, RMSNorm, cross_entropy,
-                                next_token_targets)
+from moe_tutorial.model import (
+    IGNORE_INDEX,
+    MoEForCausalLM,
+    RMSNorm,
+    cross_entropy,
+    next_token_targets,
+)
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -133,8 +138,9 @@ def test_compiled_hf_baseline_attends_causally_without_a_mask(monkeypatch):
     """`hf_baseline.compile_for_training` switches HF to an attention implementation whose mask
     function returns no mask (so sdpa takes is_causal=True and can use FlashAttention under
     torch.compile) — with the same loss as HF's own sdpa on unpadded batches."""
-    from moe_tutorial import hf_baseline
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    from moe_tutorial import hf_baseline
 
     cfg = preset("tiny")
     hf = hf_baseline.hf_mixtral(MoEForCausalLM(cfg), "grouped_mm")

@@ -6,9 +6,12 @@ environment nbval runs in is tests/notebook_conventions.py's. By hand:
 """
 
 import pytest
-
-from notebook_conventions import (ROOT, assert_parameters_and_no_outputs, assert_runs_under_nbval,
-                                  tagged)
+from notebook_conventions import (
+    ROOT,
+    assert_parameters_and_no_outputs,
+    assert_runs_under_nbval,
+    tagged,
+)
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 

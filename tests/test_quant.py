@@ -258,7 +258,7 @@ def test_unknown_rule_and_bad_block_are_errors():
         quant.mxfp8_quantize(torch.ones(32), rule="floor")
     with pytest.raises(ValueError, match="block"):
         quant.mxfp8_quantize(torch.ones(32), block=0)
-    with pytest.raises(TypeError, match="floating-point"):
+    with pytest.raises(ValueError, match="floating-point"):
         quant.mxfp8_quantize(torch.ones(32, dtype=torch.int32))
 
 

@@ -32,7 +32,9 @@ def _load_te():
         import transformer_engine.pytorch  # noqa: F401  (loads TE's PyTorch extension)
         import transformer_engine_torch as tex
         from transformer_engine.pytorch.tensor.float8_tensor import (
-            Float8CurrentScalingQuantizer, Float8Quantizer)
+            Float8CurrentScalingQuantizer,
+            Float8Quantizer,
+        )
         from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
     except (ImportError, OSError, RuntimeError) as exc:  # RuntimeError: TE found no CUDA/cuDNN
         return None, f"needs Transformer Engine ({type(exc).__name__}: {exc})"

@@ -9,7 +9,6 @@ import pytest
 from moe_tutorial import hardware, recipes
 
 
-
 def machine(kind, **overrides):
     return hardware.evaluate(hardware.fake_environment(kind, **overrides))
 

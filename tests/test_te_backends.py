@@ -9,9 +9,18 @@ import torch
 
 from moe_tutorial import hardware
 from moe_tutorial.config import preset
-from moe_tutorial.experts import (FUSED_MLP_ROWS_PER_EXPERT, ExpertMLP, TEOpsExperts,
-                                  convert_experts, deinterleave_glu, interleave_glu, scaled_swiglu,
-                                  swiglu, why_fused_raises, why_unfused)
+from moe_tutorial.experts import (
+    FUSED_MLP_ROWS_PER_EXPERT,
+    ExpertMLP,
+    TEOpsExperts,
+    convert_experts,
+    deinterleave_glu,
+    interleave_glu,
+    scaled_swiglu,
+    swiglu,
+    why_fused_raises,
+    why_unfused,
+)
 from moe_tutorial.model import MoEForCausalLM
 from moe_tutorial.recipes import RecipeSpec
 from moe_tutorial.routing import route

@@ -6,7 +6,13 @@ import torch
 from moe_tutorial.config import preset
 from moe_tutorial.data import load_protein_data
 from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.train import TrainingDiverged, TrainSettings, evaluate, learning_rate, train
+from moe_tutorial.train import (
+    TrainingDiverged,
+    TrainSettings,
+    evaluate,
+    learning_rate,
+    train,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +63,11 @@ def test_divergence_stops_with_a_clear_message(data):
     with pytest.raises(TrainingDiverged, match=r"step 0: loss=nan.*Lower TrainSettings.lr"):
         train(model, data.train, TrainSettings(steps=3, batch_size=4, warmup_steps=1),
               progress=False)
+
+
+def test_data_outside_the_vocabulary_is_refused_before_the_first_step():
+    model = MoEForCausalLM(preset("tiny"))
+    packed = torch.randint(0, model.config.vocab_size, (8, 17))
+    packed[5, 3] = model.config.vocab_size + 7  # e.g. ids from another tokenizer
+    with pytest.raises(ValueError, match=f"token id {model.config.vocab_size + 7}, outside"):
+        train(model, packed, TrainSettings(steps=2, batch_size=2, warmup_steps=0), progress=False)

@@ -12,16 +12,23 @@ Every `check_<name>(learner_fn)`:
 * compares the learner's results with the package (`routing.route`, `routing.permute`,
   `experts.naive_experts`, `quant.mxfp8_quantize(rule="te")`, `recipes.recipe_for`,
   `distributed.exchange_counts`, ...), never with a copy of the solution;
+* checks the contract the later cells rely on, not only the values: dtypes (int64 expert ids,
+  float32 routing weights), shapes, Python types (an int64 tensor of split sizes), contiguity
+  where a GEMM or a collective needs it, the device argument (on "meta"), inputs left unchanged
+  (the learner gets copies; one changed in place fails) - so a function that passes is one the
+  notebook can use;
 * runs a function that takes a process group on real ones: gloo groups of fresh processes
   (`moe_tutorial.ranks`), where the learner's function arrives as its source;
 * prints one line and returns True / False. It never raises into the notebook: a stub's
   NotImplementedError prints "not implemented yet", an exception inside the learner's function
   is reported with the case that caused it, and a failure of the check itself says so.
 
-`reference` holds the package's implementation of every exercise with the exercise's signature
-(what `pick` falls back to), `torch_ops` the three `te.ops` the grouped MLP is built from, in
-plain PyTorch (`experts.torch_ops`, for machines without Transformer Engine), and `summary()`
-prints what every check in this session reported.
+`pick` hands the later cells the learner's function only when `passed` is True and that very
+function passed its check (one redefined since is untested), else `reference`, which holds the
+package's implementation of every exercise with the exercise's signature. `torch_ops` holds
+the three `te.ops` the grouped MLP is built from, in plain PyTorch (`experts.torch_ops`, for
+machines without Transformer Engine), and `summary()` prints what every check in this session
+reported.
 
 `harness` runs the checks; every exercise has a module of its own, named after its notebook
 (`router_and_loop` for exercises/01_router_and_loop.ipynb, ...), with its cases, verifiers and

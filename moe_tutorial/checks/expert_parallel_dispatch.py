@@ -20,6 +20,7 @@ from .harness import (
     expect_tuple,
     first_line,
     generator,
+    is_integer,
     is_stub,
     run_check,
     sizes,
@@ -55,9 +56,16 @@ def _experts_of(rank: int, per_rank: int) -> str:
 def _verify_dispatch_counts(counts, want: torch.Tensor) -> None:
     num_experts = want.numel()
     counts = expect_tensor(counts, "your tokens_per_expert")
-    if counts.is_floating_point():
-        raise Failure(f"your tokens_per_expert is {counts.dtype}: count with integers "
-                      "(torch.bincount gives int64) - the count exchange sends them as they are")
+    if counts.dtype != torch.int64:
+        raise Failure(f"your tokens_per_expert is {counts.dtype}, expected torch.int64 "
+                      "(torch.bincount gives it): the count exchange sends it as it is, into a "
+                      "buffer of the same dtype on every rank")
+    if counts.dim() != 1:
+        raise Failure(f"your tokens_per_expert has shape {list(counts.shape)}; return a 1-D "
+                      f"tensor [E] = [{num_experts}], one count per expert")
+    if not counts.is_contiguous():
+        raise Failure("your tokens_per_expert is not contiguous: dist.all_to_all_single sends "
+                      "only contiguous tensors - return it .contiguous()")
     if counts.numel() != num_experts:
         empty = [e for e in range(num_experts) if want[e] == 0]
         if empty and counts.numel() < num_experts:
@@ -67,7 +75,6 @@ def _verify_dispatch_counts(counts, want: torch.Tensor) -> None:
                           "reads expert e's count at position e")
         raise Failure(f"your tokens_per_expert has {counts.numel()} entries; it needs one per "
                       f"expert ({num_experts})")
-    counts = counts.reshape(-1).long()
     if not torch.equal(counts, want):
         e = int((counts != want).nonzero()[0])
         raise Failure(f"expert {e} gets {int(want[e])} token copies, your tokens_per_expert says "
@@ -80,11 +87,14 @@ def _verify_rows_per_rank(sends, indices: torch.Tensor, counts: torch.Tensor,
     ep, num_experts = want.numel(), counts.numel()
     per_rank = num_experts // ep
     try:
-        sends = torch.as_tensor(sends).detach().reshape(-1)
+        sends = torch.as_tensor(sends).detach()
     except (TypeError, ValueError, RuntimeError):
         raise Failure(f"rows_per_rank should be one row count per rank (a list or an int tensor), "
                       f"yours is {type(sends).__name__}") from None
-    if torch.equal(sends.long(), want) and not sends.is_floating_point():
+    if sends.dim() != 1:  # its .tolist() are the all-to-all's split sizes: a flat list
+        raise Failure(f"your rows_per_rank has shape {list(sends.shape)}; return one row count "
+                      f"per rank, [ep] = [{ep}]")
+    if torch.equal(sends.long(), want) and is_integer(sends):
         return
     every_ep_th = counts.view(per_rank, ep).sum(0)  # rank r holding experts r, r + ep, ...
     by_e_over_ep = torch.bincount(indices.flatten() // ep, minlength=ep)  # not e // (E/ep)
@@ -98,7 +108,7 @@ def _verify_rows_per_rank(sends, indices: torch.Tensor, counts: torch.Tensor,
     if sends.numel() != ep:
         raise Failure(f"your rows_per_rank has {sends.numel()} entries; it needs one per rank of "
                       f"the ep group ({ep})")
-    if sends.is_floating_point():
+    if not is_integer(sends):
         raise Failure(f"your rows_per_rank is {sends.dtype}: the all-to-all's split sizes are "
                       "integers")
     r = int((sends.long() != want).nonzero()[0])
@@ -116,9 +126,10 @@ def _verify_dispatch(case: Case, call) -> None:
     _verify_rows_per_rank(sends, indices, want_counts, want_sends)
     order = expect_tensor(order, "your order")
     copies, top_k = indices.numel(), indices.shape[1]
-    if order.is_floating_point():
-        raise Failure(f"your order is {order.dtype}: return integer copy numbers (torch.argsort "
-                      "gives int64)")
+    if order.dtype != torch.int64:
+        raise Failure(f"your order is {order.dtype}, expected torch.int64 (torch.argsort gives "
+                      "it): the layer puts the rows back with index_copy(0, order, ...), which "
+                      "takes int64 indices only")
     if order.dim() != 1 or order.numel() != copies:
         raise Failure(f"your order has shape {list(order.shape)}, expected one entry per token "
                       f"copy, [T·k] = [{copies}]: sort indices.flatten()")
@@ -435,7 +446,7 @@ def _verify_received(case: Case, call) -> None:
     ep, per_rank = recv_counts.shape
     want = distributed.received_experts(recv_counts)
     got = expect_tensor(call(recv_counts), "your expert ids")
-    if got.is_floating_point():
+    if not is_integer(got):
         raise Failure(f"your expert ids are {got.dtype}: return integers (the indices the local "
                       "experts are routed by)")
     if tuple(got.shape) != tuple(want.shape):

@@ -4,6 +4,7 @@ verifiers share."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,9 @@ from .. import routing
 
 PASSED, FAILED, NOT_IMPLEMENTED, CHECK_ERROR = "passed", "failed", "not implemented yet", "check error"
 RESULTS: dict[str, str] = {}  # check name -> its latest outcome in this session
+# check name -> the function that passed it (its latest run): `pick` hands a later cell the
+# learner's function only if it is this very object, not one redefined since its check ran
+PASSED_FUNCTIONS: dict[str, Callable] = {}
 
 # torch's own NotImplementedError messages (a kernel missing for a dtype) are the learner's bug,
 # not a stub: these phrases tell them apart from a stub's hint.
@@ -51,15 +55,46 @@ def is_stub(exc: NotImplementedError) -> bool:
 
 
 def _call(fn: Callable, *args, copy: bool = True):
-    """Call the learner's function; its exceptions become LearnerError (a stub's propagates)."""
+    """Call the learner's function; its exceptions become LearnerError (a stub's propagates).
+    With copies, an argument the function changed in place is a Failure: the later cells hand
+    it tensors they use again."""
+    given = _copy(args) if copy else args
     try:
-        return fn(*(_copy(args) if copy else args))
+        result = fn(*given)
     except NotImplementedError as exc:
         if is_stub(exc):
             raise
         raise LearnerError(exc) from exc
     except Exception as exc:  # anything the learner's code raises is reported, never re-raised
         raise LearnerError(exc) from exc
+    if copy:
+        _expect_unchanged(fn, args, given)
+    return result
+
+
+def _same(before, after) -> bool:
+    """Whether `after`, the copy the learner's function was given, still equals `before`
+    (NaN equals NaN: only what the function did counts)."""
+    if isinstance(before, torch.Tensor):
+        return (isinstance(after, torch.Tensor) and after.dtype == before.dtype
+                and after.shape == before.shape
+                and bool((after.eq(before) | (after.isnan() & before.isnan())).all()))
+    if isinstance(before, (list, tuple)):
+        return len(before) == len(after) and all(map(_same, before, after))
+    return True  # not a tensor: nothing the check can compare
+
+
+def _expect_unchanged(fn: Callable, originals: tuple, given: tuple) -> None:
+    changed = next((i for i, (a, b) in enumerate(zip(originals, given)) if not _same(a, b)), None)
+    if changed is None:
+        return
+    try:
+        name = f"`{list(inspect.signature(fn).parameters)[changed]}`"
+    except (TypeError, ValueError, IndexError):  # a builtin or *args: name it by position
+        name = f"number {changed + 1}"
+    raise Failure(f"your function changed its argument {name} in place (an in-place op such as "
+                  "+=, mul_ or x[...] = on it): the cells below use that tensor again - work "
+                  "on a new tensor (x = x * w, or x.clone() first)")
 
 
 def first_line(exc: BaseException) -> str:
@@ -78,8 +113,10 @@ def run_check(name: str, learner_fn, cases: list[Case], verify: Callable, *, aga
               error_hints: tuple[tuple[str, str], ...] = (), passed: str = "") -> bool:
     """Run `verify(case, call)` for every case; `call(*args)` runs the learner's function."""
     if not callable(learner_fn):
-        return _report(name, FAILED, f"expected your function, got {type(learner_fn).__name__} "
-                                     f"{learner_fn!r:.60}")
+        return _report(name, FAILED, f"expected your function itself, got "
+                                     f"{type(learner_fn).__name__} {learner_fn!r:.60}: pass it "
+                                     f"without calling it, {name}(my_function)")
+    PASSED_FUNCTIONS.pop(name, None)
     label = f"`{getattr(learner_fn, '__name__', 'your function')}`"
     case = None
     try:
@@ -103,19 +140,34 @@ def run_check(name: str, learner_fn, cases: list[Case], verify: Callable, *, aga
         return _report(name, CHECK_ERROR, f"the check itself failed{where} ({type(exc).__name__}: "
                                           f"{first_line(exc)}); please report this")
     names = "; ".join(dict.fromkeys(c.name.split(" (")[0].split(",")[0] for c in cases))
+    PASSED_FUNCTIONS[name] = learner_fn
     return _report(name, PASSED, passed or f"all {len(cases)} cases agree with "
                                            f"{against or 'the package'} ({names})")
 
 
 def pick(learner_fn, reference_fn, passed: bool):
     """The learner's function when its check passed, else the package's, so that the rest of
-    the notebook runs either way (and says which one it uses)."""
+    the notebook runs either way (and says which one it uses). `passed` must be the True its
+    check returned, and `learner_fn` the very function that passed: one redefined since its
+    check ran is untested, so the reference stands in until the check runs again."""
     name = getattr(learner_fn, "__name__", "your function")
-    if passed:
+    fallback = f"→ the cells below use the reference ({_describe(reference_fn)})"
+    checked = callable(learner_fn) and any(fn is learner_fn or fn == learner_fn
+                                           for fn in PASSED_FUNCTIONS.values())
+    if passed is True and checked:
         print(f"→ the cells below use your `{name}`")
         return learner_fn
-    print(f"→ the cells below use the reference ({_describe(reference_fn)}) until your `{name}` "
-          "passes its check")
+    if not isinstance(passed, bool):
+        print(f"{fallback}: the third argument should be what your check returned (True or "
+              f"False), got {type(passed).__name__} {passed!r:.40}")
+    elif not callable(learner_fn):
+        print(f"{fallback}: expected your function as the first argument, got "
+              f"{type(learner_fn).__name__} {learner_fn!r:.40}")
+    elif passed:
+        print(f"{fallback}: this `{name}` has not passed its check (was it edited after the check "
+              "ran?) - run its check cell again")
+    else:
+        print(f"{fallback} until your `{name}` passes its check")
     return reference_fn
 
 
@@ -159,6 +211,11 @@ def expect_tensor(value, what: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise Failure(f"{what} should be a torch.Tensor, yours is {type(value).__name__}")
     return value.detach()
+
+
+def is_integer(value: torch.Tensor) -> bool:
+    """An integer dtype; bool is none (True/False cannot count rows or name experts)."""
+    return not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
 
 
 def expect_shape(value: torch.Tensor, expected, what: str, meaning: str) -> None:

@@ -16,6 +16,7 @@ from .harness import (
     first_index,
     generator,
     is_close,
+    is_integer,
     max_rel_difference,
     mismatch,
     random_expert_weights,
@@ -84,11 +85,17 @@ def _verify_permute(case: Case, call) -> None:
     rows, m_splits, row_of = expect_tuple(call(*case.args), 3, "(rows, m_splits, row_of)")
     _, _, perm = routing.permute(hidden, indices, None, num_experts, align)
     counts, ref_splits = perm.tokens_per_expert, perm.m_splits
-    try:
-        splits = torch.as_tensor(m_splits).detach().reshape(-1).long()
-    except (TypeError, ValueError, RuntimeError):
-        raise Failure(f"m_splits should be one row count per expert (a list or an int tensor), "
-                      f"yours is {type(m_splits).__name__}") from None
+    # the grouped GEMM's offsets are torch.cumsum(m_splits, 0): a tensor of integers, one axis
+    if not isinstance(m_splits, torch.Tensor):
+        raise Failure(f"your m_splits is a {type(m_splits).__name__}; return a 1-D int64 tensor "
+                      "(torch.bincount gives one): the grouped MLP takes torch.cumsum(m_splits, 0)")
+    if not is_integer(m_splits):
+        raise Failure(f"your m_splits is {m_splits.dtype}: row counts are integers - return an "
+                      "int64 tensor")
+    if m_splits.dim() != 1:
+        raise Failure(f"your m_splits has shape {list(m_splits.shape)}; return a 1-D tensor "
+                      f"[E] = [{num_experts}], one row count per expert")
+    splits = m_splits.detach().long()
     empty = [e for e in range(num_experts) if counts[e] == 0]
     if splits.numel() != num_experts:
         if empty and splits.numel() == num_experts - len(empty):
@@ -118,10 +125,14 @@ def _verify_permute(case: Case, call) -> None:
     if rows.dtype != hidden.dtype:
         raise Failure(f"your rows are {rows.dtype}, the hidden states {hidden.dtype}: copy the "
                       "rows, don't convert them")
+    if not rows.is_contiguous():
+        raise Failure(f"your rows are not contiguous (strides {list(rows.stride())}): the grouped "
+                      "GEMMs (torch._grouped_mm, te.GroupedLinear) read them as dense row-major "
+                      "memory - build the buffer with hidden.new_zeros(R, H), or .contiguous()")
     row_of = expect_tensor(row_of, "your row_of")
     expect_shape(row_of, indices.shape, "your row_of", "[tokens, top_k]")
-    if row_of.is_floating_point():
-        raise Failure(f"your row_of is {row_of.dtype}: return integer row numbers")
+    if not is_integer(row_of):
+        raise Failure(f"your row_of is {row_of.dtype}: return integer row numbers (int64)")
     row_of = row_of.long()
     starts = torch.cumsum(ref_splits, 0) - ref_splits
     lo, hi = starts[indices], starts[indices] + ref_splits[indices]

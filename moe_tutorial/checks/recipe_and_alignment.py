@@ -4,6 +4,7 @@ prediction (not graded)."""
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -73,8 +74,12 @@ def _verify_recipe(case: Case, call) -> None:
     caps, preference = case.args
     got = call(caps, preference)
     if isinstance(got, recipes.RecipeChoice):
-        got = (got.name, got.align)
+        raise Failure("you returned recipes.recipe_for's RecipeChoice; the table below unpacks "
+                      "two values, so return (choice.name, choice.align)")
     name, align = expect_tuple(got, 2, "(recipe name, alignment)")
+    if not isinstance(name, str):
+        raise Failure(f"your recipe name is {type(name).__name__} {name!r:.60}; return the TE "
+                      "recipe class's name as a str, e.g. 'DelayedScaling'")
     want = recipes.recipe_for(caps, preference)
     machine = case.info["machine"]
     supported = recipes.supported_recipes(caps)
@@ -92,7 +97,10 @@ def _verify_recipe(case: Case, call) -> None:
                           "where no TE FP8 recipe runs")
         raise Failure(f"with preference {preference!r}, {machine} should use {want.name}, yours "
                       f"is {name}: {want.reason}")
-    if not isinstance(align, int) or align != want.align:
+    if not isinstance(align, int) or isinstance(align, bool):
+        raise Failure(f"your alignment is {type(align).__name__} {align!r:.40}; return the rows "
+                      f"per expert as an int ({want.align} for {want.name})")
+    if align != want.align:
         raise Failure(f"{want.name} needs every expert's rows padded to a multiple of "
                       f"{want.align} ({_ALIGN_WHY[want.name]}); yours is {align!r}")
 
@@ -115,12 +123,15 @@ def _prediction_cases() -> list[Case]:
 
 def _verify_prediction(case: Case, call) -> None:
     got = call(*case.args)
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
-        got = got.item()
     if got is None:
         raise Failure("your function returned None: return the predicted speedup (loop time / "
                       "grouped time) as a number")
-    if not isinstance(got, (int, float)) or isinstance(got, bool):
+    if isinstance(got, torch.Tensor):  # the table formats it with :.2f, which needs 0 dimensions
+        if got.dim() != 0:
+            raise Failure(f"your prediction is a tensor of shape {list(got.shape)}; return one "
+                          "number (float(...) or .item())")
+        got = got.item()
+    if not isinstance(got, numbers.Real) or isinstance(got, bool):
         raise Failure(f"return the predicted speedup as a number, not {type(got).__name__}")
     if not math.isfinite(got) or got <= 0:
         raise Failure(f"your prediction is {got}: a speedup is a ratio of two times, a finite "

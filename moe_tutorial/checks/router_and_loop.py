@@ -60,9 +60,10 @@ def _verify_route(case: Case, call) -> None:
     indices = expect_tensor(indices, "your indices")
     expect_shape(weights, (tokens, top_k), "your weights", "[tokens, top_k]")
     expect_shape(indices, (tokens, top_k), "your indices", "[tokens, top_k]")
-    if indices.is_floating_point():
-        raise Failure(f"your indices are {indices.dtype}: return the integer expert ids "
-                      "(torch.topk(...).indices, int64)")
+    if indices.dtype != torch.int64:
+        raise Failure(f"your indices are {indices.dtype}, expected torch.int64: the expert loop "
+                      "and F.one_hot index with int64 - return torch.topk(...).indices as it is "
+                      "(or .long())")
     if weights.dtype != torch.float32:
         raise Failure(f"your weights are {weights.dtype}, the router's are float32: compute the "
                       "softmax in float32 (logits.float()) whatever the logits' dtype")

@@ -41,11 +41,16 @@ _MLP_KINDS = ["GroupedLinear", "ScaledSwiGLU", "GroupedLinear"]
 
 
 def _build_cases() -> list[Case]:
+    # The notebook builds the chain on its GPU: the "meta" device (no memory, no data) shows on
+    # a CPU whether the device argument reaches the parameters.
     return [
-        Case("4 experts, hidden 32, width 64", (4, 32, 64, None, torch.float32)),
+        Case("4 experts, hidden 32, width 64", (4, 32, 64, None, torch.float32, "cpu")),
         Case("8 experts, hidden 64, width 64, glu_interleave_size=32 (the fused kernel's layout)",
-             (8, 64, 64, 32, torch.float32)),
-        Case("bf16 parameters, 3 experts, hidden 32, width 48", (3, 32, 48, None, torch.bfloat16)),
+             (8, 64, 64, 32, torch.float32, "cpu")),
+        Case("bf16 parameters, 3 experts, hidden 32, width 48",
+             (3, 32, 48, None, torch.bfloat16, "cpu")),
+        Case("another device (device='meta', as the notebook passes 'cuda' on a GPU)",
+             (2, 16, 32, None, torch.float32, "meta")),
     ]
 
 
@@ -54,8 +59,8 @@ def _groups(op) -> int:
 
 
 def _verify_build(case: Case, call) -> None:
-    num_experts, hidden, inter, glu, dtype = case.args
-    mlp = call(experts.torch_ops, num_experts, hidden, inter, glu, dtype, "cpu")
+    num_experts, hidden, inter, glu, dtype, device = case.args
+    mlp = call(experts.torch_ops, num_experts, hidden, inter, glu, dtype, device)
     if not isinstance(mlp, experts.torch_ops.Sequential):
         raise Failure(f"return ops.Sequential(...) (one op chain), yours is {type(mlp).__name__}")
     kinds = [type(op).__name__.removeprefix("Reference") for op in mlp]
@@ -81,8 +86,15 @@ def _verify_build(case: Case, call) -> None:
     if act.glu_interleave_size != glu:
         raise Failure(f"your ScaledSwiGLU has glu_interleave_size={act.glu_interleave_size}, "
                       f"expected {glu}: pass the argument through")
-    if fc1.weight0.dtype != dtype:
-        raise Failure(f"your weights are {fc1.weight0.dtype}: create the ops with dtype={dtype}")
+    for which, op in (("first", fc1), ("second", fc2)):
+        if op.weight0.dtype != dtype:
+            raise Failure(f"your {which} GroupedLinear's weights are {op.weight0.dtype}: create "
+                          f"both GroupedLinears with dtype={dtype}")
+        if op.weight0.device != torch.device(device):
+            raise Failure(f"your {which} GroupedLinear's weights are on {op.weight0.device}, asked "
+                          f"for device={device!r}: create both GroupedLinears with device=device")
+    if device == "meta":
+        return  # parameters without data: nothing to compute
     g = generator(110)
     gate_up, down = random_expert_weights(g, num_experts, hidden, inter, dtype)
     ref = experts.TEOpsExperts(num_experts, hidden, inter, dtype=dtype, device="cpu",
@@ -184,6 +196,9 @@ def _verify_layer(case: Case, call) -> None:
                       "(row_weights from routing.permute) so the weights act inside the op chain, "
                       "then unpermute with weights=None")
     expect_shape(out, hidden.shape, "your output", "[tokens, hidden]")
+    if out.dtype != hidden.dtype:
+        raise Failure(f"your output is {out.dtype} but the hidden states are {hidden.dtype}: "
+                      "return hidden's dtype (routing.unpermute casts back)")
     ref = module(hidden, indices, weights)
     tol = tolerance(hidden.dtype)
     if is_close(out, ref.detach(), tol):

@@ -1,0 +1,59 @@
+"""What the runner's and the builder's tests share: small notebooks written to disk, a snapshot of
+a folder's files, and two fixtures (registered in conftest.py): the runner's fast path and a
+throwaway checkout of the course."""
+
+from pathlib import Path
+
+import pytest
+
+from moe_tutorial import course
+
+
+def notebook(path: Path, *sources: str, parameters: str = "") -> Path:
+    """A notebook of code cells at `path` (the first one tagged `parameters` if given)."""
+    import nbformat  # the course extra, imported only by the tests that write notebooks
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    cells = []
+    if parameters:
+        cells.append(new_code_cell(parameters, metadata={"tags": ["parameters"]}))
+    cells += [new_code_cell(src) for src in sources]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {"name": "python3", "language": "python",
+                                                            "display_name": "Python 3"}})
+    nbformat.write(nb, path)
+    return path
+
+
+def snapshot(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def fast_papermill(monkeypatch):
+    """The runner's fast path: papermill without a kernel. The executed copy is the source
+    notebook; a notebook whose code says FAIL fails, one that says STOP is killed mid-run."""
+    import papermill
+
+    def execute_notebook(source, output, **_):
+        text = Path(source).read_text()
+        Path(output).write_text(text)
+        if "STOP" in text:
+            raise KeyboardInterrupt
+        if "FAIL" in text:
+            raise RuntimeError("failed on purpose")
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+
+
+@pytest.fixture()
+def fake_checkout(tmp_path, monkeypatch):
+    """A checkout of the course in tmp_path, as the runner and the builder see it (the current
+    directory, and the folder of the package): tests that point them at the course's own
+    folders can do no harm, even to a version of the package without the guards."""
+    repo = tmp_path / "checkout"
+    for folder in ("notebooks", "exercises", "solutions", "moe_tutorial"):
+        (repo / folder).mkdir(parents=True)
+    notebook(repo / "notebooks" / "00_setup.ipynb", "print(0)", parameters="MODE = ''")
+    monkeypatch.setattr(course, "PACKAGE_ROOT", repo / "moe_tutorial")
+    monkeypatch.chdir(repo)
+    return repo

@@ -8,8 +8,9 @@ Experts are fast when each one sees its tokens as one contiguous block of rows. 
 sorts the T x k token copies by expert, so expert e owns rows
 `[offsets[e], offsets[e] + m_splits[e])` of one buffer (`m_splits` is what TE's GroupedLinear
 calls the per-expert row counts). Low-precision GEMMs also need every block's row count to be a
-multiple of an alignment (16 for FP8 per-tensor scaling, 32 for MXFP8, 128 for FP8 block scaling,
-256 for the fused grouped MLP): `align` pads each block with zero rows. `unpermute` is the exact
+multiple of an alignment (`recipes.alignment`, TE 2.20's rule: 16 for the FP8 recipes, block
+scaling included, 32 for MXFP8, 128 for NVFP4; 256 for the fused grouped MLP): `align` pads each
+block with zero rows. `unpermute` is the exact
 inverse: it gathers each token's k expert outputs (never a padding row), weights them by the
 routing probabilities and sums them.
 

@@ -591,3 +591,86 @@ def _make_trace(go, props: dict):
     props = dict(props)
     kind = props.pop("type")
     return go.Bar(**props) if kind == "bar" else go.Scatter(**props)
+
+
+# ---------------------------------------------------------------------------------------------
+# Predict, then measure
+
+class Prediction:
+    """A question the learner answers before a measurement, graded by it in one sentence.
+
+        guess = predict("Will FP8 be faster than bf16 at hidden 128?", ["yes", "no"], default="yes")
+        ...                                          # the measurement
+        guess.grade("no" if fp8_ms > bf16_ms else "yes", f"FP8 {fp8_ms:.1f} ms, bf16 {bf16_ms:.1f} ms")
+
+    With a Jupyter frontend attached the question is a row of buttons (or a slider for a number)
+    and the grade follows the answer: change it after the measurement and the sentence changes.
+    Headless (papermill, nbval, a script) nobody can answer, so `default` is the answer, said so
+    in the output, and nothing waits for input."""
+
+    def __init__(self, question: str, choices, default, *, live: bool = True):
+        numeric = isinstance(choices, range)
+        if numeric and default not in choices:
+            raise ValueError(f"default {default!r} is not in {choices!r}")
+        if not numeric:
+            choices = [str(c) for c in choices]
+            if len(choices) < 2 or str(default) not in choices:
+                raise ValueError(f"a prediction needs two or more choices and a default among "
+                                 f"them; got choices {choices}, default {default!r}")
+            default = str(default)
+        self.question, self.choices, self.default = question, choices, default
+        self._widget = self._output = None
+        self._graded: tuple | None = None
+        if live and live_support()[0]:
+            import ipywidgets
+
+            if numeric:
+                self._widget = ipywidgets.IntSlider(value=default, min=choices.start,
+                                                    max=choices.stop - 1, step=choices.step,
+                                                    description="your guess")
+            else:
+                self._widget = ipywidgets.ToggleButtons(options=choices, value=default)
+            _display(ipywidgets.VBox([ipywidgets.HTML(f"<b>Predict:</b> {question}"),
+                                      self._widget]))
+        else:
+            options = (f"a number in {choices.start}..{choices.stop - 1}" if numeric
+                       else " / ".join(choices))
+            print(f"Predict: {question} ({options})\n"
+                  f"  [no one to answer in a headless run: the answer is {default!r}]")
+
+    @property
+    def answer(self):
+        return self._widget.value if self._widget is not None else self.default
+
+    def grade(self, truth, why: str, *, tolerance: float = 0) -> bool:
+        """Say whether the answer matches `truth` (a choice, or a number within `tolerance`),
+        with `why`: what the measurement showed. Returns whether it matched."""
+        self._graded = (truth, why, tolerance)
+        if self._widget is not None and self._output is None:
+            import ipywidgets
+
+            self._output = ipywidgets.HTML()
+            self._widget.observe(lambda _: self._render(), names="value")
+            _display(self._output)
+        return self._render()
+
+    def _render(self) -> bool:
+        truth, why, tolerance = self._graded
+        answer = self.answer
+        if isinstance(self.choices, range):
+            right = abs(answer - truth) <= tolerance
+        else:
+            right = answer == str(truth)
+        sentence = (f"{'✓ Right' if right else '✗ Not this time'}: you predicted {answer!r}, "
+                    f"the measurement says {truth!r}. {why}")
+        if self._output is not None:
+            self._output.value = f"<p>{html.escape(sentence)}</p>"
+        else:
+            print(sentence)
+        return right
+
+
+def predict(question: str, choices, default, *, live: bool = True) -> Prediction:
+    """Ask `question` before a measurement (`choices`: a list of answers, or a `range` for a
+    number); grade it after with `.grade(truth, why)`. See `Prediction`."""
+    return Prediction(question, choices, default, live=live)

@@ -8,6 +8,7 @@ PYTHONPATH."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +56,35 @@ def assert_runs_under_nbval(target: str, *, cell_timeout: int, timeout: int) -> 
     assert result.returncode == 0, (f"{target} failed under nbval ({' '.join(cmd[2:])}):\n"
                                     f"{result.stdout[-6000:]}\n{result.stderr[-2000:]}")
     assert " passed" in result.stdout and "failed" not in result.stdout.splitlines()[-1]
+
+
+IMAGE = re.compile(r"!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]+)\)")
+
+
+def source(cell: dict) -> str:
+    return "".join(cell["source"])
+
+
+def figures_shown(notebook: Path) -> list[tuple[str, str]]:
+    """(alt text, path) of every markdown image of the notebook."""
+    return [(m["alt"], m["path"]) for c in cells(notebook) if c["cell_type"] == "markdown"
+            for m in IMAGE.finditer(source(c))]
+
+
+def assert_teaching_conventions(notebook: Path) -> None:
+    """A chapter teaches the same way everywhere: exactly one code cell tagged `recap` (its step
+    in a few lines of plain PyTorch/TE), at least one `predict` cell that a measurement later
+    grades, a link to its exercise, and figures that exist and say in words what they show."""
+    recap = tagged(notebook, "recap")
+    assert len(recap) == 1 and recap[0]["cell_type"] == "code", "exactly one code cell tagged 'recap'"
+    lines = [line for line in source(recap[0]).splitlines() if line.strip()
+             and not line.lstrip().startswith("#")]
+    assert 5 <= len(lines) <= 25, f"the recap is {len(lines)} lines of code; keep it 5-15 (plus guards)"
+    predicts = tagged(notebook, "predict")
+    assert predicts and all("widgets.predict(" in source(c) for c in predicts), \
+        "at least one code cell tagged 'predict' that calls widgets.predict("
+    after = cells(notebook)[cells(notebook).index(predicts[0]) + 1:]
+    assert any(".grade(" in source(c) for c in after), "a measurement after the prediction grades it"
+    for alt, path in figures_shown(notebook):
+        assert len(alt.split()) >= 6, f"{path}: the alt text should say what the figure shows"
+        assert (notebook.parent / path).is_file(), f"{notebook.name} shows {path}, which is missing"

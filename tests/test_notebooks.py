@@ -10,6 +10,10 @@ from notebook_conventions import (
     ROOT,
     assert_parameters_and_no_outputs,
     assert_runs_under_nbval,
+    assert_teaching_conventions,
+    cells,
+    figures_shown,
+    source,
     tagged,
 )
 
@@ -27,6 +31,23 @@ def test_notebook_structure(notebook):
     assert_parameters_and_no_outputs(notebook)
     closing = tagged(notebook, "closing")
     assert closing and all(c["cell_type"] == "code" for c in closing)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_teaches_by_the_course_conventions(notebook):
+    """A `recap` cell, a graded `predict` cell, figures with alt text; chapters 01-06 show a
+    figure and link their exercise, whose solution links back."""
+    assert_teaching_conventions(notebook)
+    number = notebook.name[:2]
+    if number == "00":
+        return
+    assert figures_shown(notebook), "a chapter shows at least one figure of its idea"
+    exercise = next((ROOT / "exercises").glob(f"{number}_*.ipynb"))
+    text = "".join(source(c) for c in cells(notebook) if c["cell_type"] == "markdown")
+    assert f"(../exercises/{exercise.name})" in text, f"link the exercise: ../exercises/{exercise.name}"
+    solution = ROOT / "solutions" / exercise.name
+    back = "".join(source(c) for c in cells(solution) if c["cell_type"] == "markdown")
+    assert f"(../notebooks/{notebook.name})" in back, f"{solution.name} should link ../notebooks/{notebook.name}"
 
 
 @pytest.mark.slow

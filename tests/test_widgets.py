@@ -227,3 +227,32 @@ def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, 
     assert any("text/html" in o.get("data", {}) and "in a kernel" in o["data"]["text/html"] for o in outputs)
     redraws = int(outputs[-1]["text"].split()[1])
     assert redraws >= 1 and "live False" in outputs[-1]["text"]  # it drew live, then closed
+
+
+def test_a_headless_prediction_answers_its_default_and_is_graded(capsys):
+    guess = widgets.predict("Will FP8 be faster at hidden 128?", ["yes", "no"], default="yes")
+    assert "Predict: Will FP8 be faster at hidden 128? (yes / no)" in capsys.readouterr().out
+    assert guess.grade("no", "FP8 2.0 ms, bf16 1.5 ms.") is False
+    assert capsys.readouterr().out == ("✗ Not this time: you predicted 'yes', the measurement says "
+                                       "'no'. FP8 2.0 ms, bf16 1.5 ms.\n")
+    rows = widgets.predict("Padding rows at alignment 32?", range(0, 129), default=64)
+    assert rows.grade(60, "", tolerance=4) is True and rows.grade(40, "") is False
+
+
+def test_a_live_prediction_regrades_when_the_answer_changes(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    shown = []
+    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
+    guess = widgets.predict("Faster?", ["yes", "no"], default="yes")
+    assert guess.grade("no", "measured.") is False
+    assert "Not this time" in shown[-1].value
+    guess._widget.value = "no"  # the learner clicks after the measurement ran
+    assert "✓ Right" in shown[-1].value
+
+
+@pytest.mark.parametrize("choices, default", [(["yes", "no"], "maybe"), (["only"], "only"),
+                                              (range(0, 10), 12)])
+def test_a_prediction_needs_a_default_among_its_choices(choices, default):
+    with pytest.raises(ValueError, match=repr(default)):
+        widgets.predict("?", choices, default)

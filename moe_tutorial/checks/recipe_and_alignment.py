@@ -1,5 +1,5 @@
-"""Exercise 05's checks: the recipe and row alignment for a machine, the speedup
-prediction (not graded)."""
+"""Exercise 05's checks: the recipe and row alignment for a machine, and that the speedup
+prediction is a usable number (the notebook grades it against its measurement)."""
 
 from __future__ import annotations
 
@@ -141,12 +141,12 @@ def _verify_prediction(case: Case, call) -> None:
 
 def check_predict_speedup(learner_fn) -> bool:
     """`predict_speedup(num_experts, tokens, top_k, hidden, intermediate, launch_us, gflops)
-    -> float`: only that it answers with a positive finite number for every case. Predictions
-    are compared with measurements in the notebook, not graded: a model can be wrong."""
+    -> float`: only that it answers with a positive finite number for every case. Whether the
+    prediction is right is for the measurement to say: the notebook grades it there."""
     cases = _prediction_cases()
     ok = run_check("check_predict_speedup", learner_fn, cases, _verify_prediction,
-                   passed="a positive finite prediction for every case (not graded: the notebook "
-                          "compares it with measurements)")
+                   passed="a positive finite prediction for every case (the measurement in "
+                          "section 3 grades it)")
     if ok:
         print("  " + "; ".join(f"{c.name}: {c.info['prediction']:.3g}×" for c in cases))
     return ok

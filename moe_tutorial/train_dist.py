@@ -27,6 +27,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -305,9 +306,35 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
     """Run `torchrun --nproc_per_node=nproc -m moe_tutorial.train_dist *args` as a subprocess
     (what a notebook calls), streaming its output; returns rank 0's gathered results. After
     `timeout` seconds torchrun is stopped (it stops its ranks): a rank stuck in a collective
-    whose peer died must not hang the caller."""
+    whose peer died must not hang the caller.
+
+    The results come back through a file (`--out`), not the printed RESULT line: the ranks and
+    torchrun share one pipe, and a line another process writes can land inside the RESULT line
+    of a block-buffered rank, which then no longer parses."""
+    if "--out" in args:
+        raise ValueError("launch writes the results to its own --out file and returns them; "
+                         "save the returned dict instead of passing --out")
+    with tempfile.TemporaryDirectory(prefix="train_dist_") as scratch:
+        out = os.path.join(scratch, "results.json")
+        cmd = torchrun_command(nproc, *args, "--out", out)
+        lines, returncode, timed_out = _stream(cmd, timeout, echo)
+        if timed_out:
+            raise RuntimeError(f"{shlex.join(cmd)} timed out after {timeout:g} s and was "
+                               f"stopped:\n" + "".join(lines[-30:]))
+        if returncode != 0 or not os.path.exists(out):
+            # The ranks' own exception lines say what went wrong; torchrun's summary does not.
+            # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.)
+            errors = [line for line in lines
+                      if re.match(r"\[rank\d+\]: [\w.]*(Error|Exception)\b", line)]
+            detail = "".join(errors[:2]) or "".join(lines[-30:])
+            raise RuntimeError(f"{shlex.join(cmd)} failed (exit {returncode}):\n{detail}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def _stream(cmd: list[str], timeout: float | None, echo: bool) -> tuple[list[str], int, bool]:
+    """Run `cmd`, echoing its output (the RESULT line aside); (lines, exit code, timed out)."""
     env = {**os.environ, **distributed.SAFE_NCCL_ENV}
-    cmd = torchrun_command(nproc, *args)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     timed_out = threading.Event()
@@ -319,13 +346,11 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
     watchdog = threading.Timer(timeout, stop) if timeout else None
     if watchdog:
         watchdog.start()
-    result, lines = None, []
+    lines = []
     try:
         for line in proc.stdout:
             lines.append(line)
-            if line.startswith("RESULT "):
-                result = json.loads(line[len("RESULT "):])
-            elif echo:
+            if echo and not line.startswith("RESULT "):
                 print(line, end="")
         proc.wait()
     finally:
@@ -334,17 +359,7 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
         if proc.poll() is None:  # interrupted while reading (Ctrl-C): stop the ranks too
             proc.terminate()
             proc.wait()
-    if timed_out.is_set():
-        raise RuntimeError(f"{shlex.join(cmd)} timed out after {timeout:g} s and was stopped:\n"
-                           + "".join(lines[-30:]))
-    if proc.returncode != 0 or result is None:
-        # The ranks' own exception lines say what went wrong; torchrun's summary does not.
-        # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.)
-        errors = [line for line in lines
-                  if re.match(r"\[rank\d+\]: [\w.]*(Error|Exception)\b", line)]
-        detail = "".join(errors[:2]) or "".join(lines[-30:])
-        raise RuntimeError(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{detail}")
-    return result
+    return lines, proc.returncode, timed_out.is_set()
 
 
 if __name__ == "__main__":

@@ -53,8 +53,12 @@ def assert_runs_under_nbval(target: str, *, cell_timeout: int, timeout: int) -> 
     cmd = [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env", "-p", "no:cacheprovider",
            f"--nbval-cell-timeout={cell_timeout}", "-q", target]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    # The first failing cell's own error first: the later cells' failures often only follow from it.
+    first = result.stdout.find("Cell execution caused an exception")
+    first_failure = result.stdout[max(0, first - 300):first + 6000] if first >= 0 else ""
     assert result.returncode == 0, (f"{target} failed under nbval ({' '.join(cmd[2:])}):\n"
-                                    f"{result.stdout[-6000:]}\n{result.stderr[-2000:]}")
+                                    f"{first_failure}\n...\n{result.stdout[-3000:]}\n"
+                                    f"{result.stderr[-2000:]}")
     assert " passed" in result.stdout and "failed" not in result.stdout.splitlines()[-1]
 
 

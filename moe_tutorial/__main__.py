@@ -18,29 +18,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _check_device(device: str | None) -> None:
-    """A --device this machine has: cpu, or cuda[:N] with that GPU present (else the model
-    would fail inside torch's lazy CUDA initialisation)."""
-    if device is None:
-        return
-    import torch
+    if device is not None:
+        from .hardware import check_device
 
-    try:
-        kind = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"--device {device!r} is not a device; use cpu, or cuda "
-                         f"(cuda:N for the N-th GPU)") from None
-    if kind.type == "cpu":
-        return
-    if kind.type != "cuda":
-        raise ValueError(f"--device {device!r}: the course runs on cpu or cuda only; use one "
-                         f"of them")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        raise ValueError(f"--device {device!r}: this machine has no CUDA GPU; leave --device "
-                         f"out (or pass --device cpu) to run on the CPU")
-    if (kind.index or 0) >= count:
-        raise ValueError(f"--device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 "
-                         f"to cuda:{count - 1}; choose one of them")
+        check_device(device)
 
 
 def _check_writable_directory(flag: str, value: str, directory: Path) -> None:

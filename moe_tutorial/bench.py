@@ -287,8 +287,9 @@ def _timed_step(module, forward, optimizer, batch):
 @torch.no_grad()
 def _first_loss(module, forward, inputs, targets) -> float:
     """The loss at the initial weights (nothing of the forward pass outlives this call)."""
-    output = (forward or module)(inputs, targets)
-    return (output if isinstance(output, torch.Tensor) else output.loss).item()
+    from .train import loss_of
+
+    return loss_of((forward or module)(inputs, targets)).item()
 
 
 def _random_batch(config, batch: int, seq_len: int, device):

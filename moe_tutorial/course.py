@@ -308,19 +308,14 @@ def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
 
 
 def check_device(device: str) -> None:
-    """Refuse a device the notebooks cannot run on here, before any of them starts."""
-    import torch
+    """Refuse a device the notebooks cannot run on here, before any of them starts
+    (`hardware.check_device`, as a RunError)."""
+    from .hardware import check_device as check
 
     try:
-        kind = torch.device(device).type
-    except RuntimeError:
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        raise RunError(f"--device {device!r} is not a device the course runs on; give cpu or "
-                       "cuda (cuda:1 for another GPU)")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise RunError(f"--device {device!r}: this machine has no CUDA GPU for torch; give "
-                       "--device cpu (or leave --device out)")
+        check(device)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -325,6 +325,28 @@ def evaluate(env: Environment) -> Capabilities:
 
 
 @functools.lru_cache(maxsize=None)
+def check_device(device: str) -> None:
+    """Refuse, before any work starts, a `--device` this machine cannot run the course on: not a
+    device, not cpu or cuda, or a GPU it does not have (else the failure comes from inside
+    torch's lazy CUDA initialisation, minutes later)."""
+    try:
+        kind = torch.device(device)
+    except RuntimeError:
+        kind = None
+    if kind is None or kind.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r} is not a device the course runs on; give cpu or "
+                         f"cuda (cuda:N for the N-th GPU)")
+    if kind.type == "cpu":
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError(f"--device {device!r}: this machine has no CUDA GPU; leave --device "
+                         f"out (or pass --device cpu) to run on the CPU")
+    if (kind.index or 0) >= count:
+        raise ValueError(f"--device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 "
+                         f"to cuda:{count - 1}; choose one of them")
+
+
 def transformer_engine():
     """`transformer_engine.pytorch` when it imports and a CUDA GPU is present, else None.
 

@@ -141,6 +141,11 @@ def evaluate(model: torch.nn.Module, packed: torch.Tensor, batch_size: int,
 Forward = Callable[[torch.Tensor, torch.Tensor], object]
 
 
+def loss_of(output) -> torch.Tensor:
+    """The loss a `forward` returned: the tensor itself, or its `.loss`."""
+    return output if isinstance(output, torch.Tensor) else output.loss
+
+
 @dataclass
 class StepResult:
     loss: torch.Tensor
@@ -160,12 +165,9 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
     step; a benchmark that times the step turns it off to keep the GPU's queue full)."""
     inputs, targets = batch
     output = (forward or model)(inputs, targets)
-    if isinstance(output, torch.Tensor):
-        loss, parts = output, {}
-    else:
-        loss = output.loss
-        parts = {k: getattr(output, k) for k in ("lm_loss", "aux_loss")
-                 if getattr(output, k, None) is not None}
+    loss = loss_of(output)
+    parts = {k: getattr(output, k) for k in ("lm_loss", "aux_loss")
+             if getattr(output, k, None) is not None}
     # The logits ([batch, seq, vocab], fp32: 1 GiB at the benchmark's size) must not live on
     # through the backward pass and the optimizer step: only the scalars are kept.
     del output

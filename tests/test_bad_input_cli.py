@@ -79,7 +79,7 @@ TRAIN_CASES = {
     "lr inf": (["--lr", "inf"], ["lr=inf", "finite number > 0"]),
     "unknown preset": (["--preset", "nope"], ["'nope'", "choose one of", "'tiny'"]),
     "unknown backend": (["--backend", "nope"], ["--backend 'nope'", "grouped_torch"]),
-    "device not a device": (["--device", "gpu"], ["--device 'gpu'", "use cpu, or cuda"]),
+    "device not a device": (["--device", "gpu"], ["--device 'gpu'", "give cpu or cuda"]),
     "device not cpu or cuda": (["--device", "meta"], ["--device 'meta'", "cpu or cuda"]),
     "a course mode (train's flags say what runs)": (["--mode", "full"], ["--mode"]),
     "checkpoint every 0": (["--checkpoint-dir", "ckpt", "--checkpoint-every", "0"],
@@ -185,7 +185,7 @@ BENCH_CASES = {
     "unknown train variant": (["--train-variants", "nope"], ["'nope'", "hf_eager"]),
     "unknown profile variant": (["--profile", "nope"], ["'nope'", "hf_eager"]),
     "unknown preset": (["--preset", "nope"], ["'nope'", "choose one of"]),
-    "device not a device": (["--device", "gpu"], ["--device 'gpu'", "use cpu, or cuda"]),
+    "device not a device": (["--device", "gpu"], ["--device 'gpu'", "give cpu or cuda"]),
     "unknown optimizer": (["--optimizer", "sgd"], ["'sgd'", "torch_adamw"]),
 }
 

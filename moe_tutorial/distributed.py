@@ -10,7 +10,7 @@ to the rank that owns its expert and back:
 Each rank first tells every other rank how many rows it will send to each of its experts (a small
 all-to-all of counts, `exchange_counts`), so the big exchange knows its split sizes. The steps'
 arithmetic is in small functions of their own (`dispatch_order`, `rows_per_rank`,
-`exchange_counts`, `received_experts`: exercise 06 has you write them). Both exchanges use
+`exchange_counts`, `received_experts`: exercise 07 has you write them). Both exchanges use
 `all_to_all_single_autograd` (torch.distributed's functional collectives), which is
 differentiable: the backward pass sends the gradients back along the same routes.
 

@@ -416,7 +416,7 @@ class ReferenceSequential(nn.Sequential):
 
 
 # The three `te.ops` of the grouped MLP in PyTorch, addressed as te.ops is (`ops.Sequential(...)`):
-# TEOpsExperts' op chain without TE, and what exercise 04's check builds with.
+# TEOpsExperts' op chain without TE, and what exercise 05's check builds with.
 torch_ops = SimpleNamespace(Sequential=ReferenceSequential, GroupedLinear=ReferenceGroupedLinear,
                             ScaledSwiGLU=ReferenceScaledSwiGLU)
 

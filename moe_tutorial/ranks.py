@@ -17,7 +17,7 @@ the other side.
 Each collective of the default group waits at most `timeout_s` for its peers (the group's
 timeout); once a rank has failed the others get `GRACE_S` more, and a run that takes longer than
 `timeout_s` plus the start-up is killed: a deadlock becomes an error, never a hang. The processes
-see no GPU and run one thread each (a CPU core plays one rank, as in notebook 06's CPU runs). They
+see no GPU and run one thread each (a CPU core plays one rank, as in notebook 07's CPU runs). They
 fork from one launcher that imports torch once, so a run starts in ~2 s of a core whatever
 `world` is.
 """

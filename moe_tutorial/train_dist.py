@@ -207,6 +207,10 @@ def bench(args, device) -> dict:
                                  if device.type == "cuda" else None),
               "nccl_kernel_ms_per_step": comm_ms,
               "path": HF_PATH if args.model == "hf" else model.expert_paths()[0]}
+    if args.breakdown:  # the step's time by part, communication included (CPU: gloo)
+        from .step_profile import profile_step
+
+        result["step_breakdown"] = profile_step(step, device=device, warmup=0).to_dict()
     return result
 
 
@@ -272,6 +276,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-sequences", type=int, default=2000)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--breakdown", action="store_true",
+                        help="bench mode: also profile the step's time by part "
+                             "(step_profile.StepBreakdown, as step_breakdown)")
     parser.add_argument("--starve-rank", type=int, default=None,
                         help="check mode: route no token to this EP rank's experts")
     parser.add_argument("--out", default=None, help="rank 0 writes all ranks' results here")

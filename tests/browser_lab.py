@@ -108,6 +108,19 @@ class Notebook:
         plot.screenshot(path=str(path))
         return path
 
+    def screenshot_plot(self, label: str, title: str) -> Path | None:
+        """A picture of the plotly figure whose title contains `title`, or None."""
+        plots = self.page.locator(f"{ACTIVE} .js-plotly-plot:has(.gtitle:has-text({title!r}))")
+        if plots.count() == 0:
+            return None
+        return self.screenshot_element(plots.last, label)
+
+    def screenshot_element(self, element, label: str) -> Path:
+        element.scroll_into_view_if_needed()
+        path = ARTIFACTS / f"{Path(self.name).stem}-{label}.png"
+        element.screenshot(path=str(path))
+        return path
+
     def fail(self, message: str):
         raise AssertionError(f"{message} (screenshot: {self.screenshot('failure')})")
 

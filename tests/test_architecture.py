@@ -19,9 +19,10 @@ LAYERS = [
     ("the experts", {"experts"}),
     ("the model, expert parallelism", {"model", "distributed"}),
     ("training (and resuming it), probes of a real step", {"train", "checkpoint", "probes"}),
-    ("measurement", {"bench"}),
-    ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course"}),
-    ("the benchmark matrix", {"matrix"}),
+    ("measurement", {"bench", "skew"}),
+    ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course",
+                                  "step_profile"}),
+    ("the benchmark matrix, the decision sweep", {"matrix", "decide"}),
     ("the README's numbers", {"docs"}),
     ("the command line", {"__main__"}),
 ]

@@ -147,7 +147,7 @@ def test_merging_the_parts_of_a_run(tmp_path):
     assert report["summary"] == bench.summarize(report["results"])
     assert report["summary"]["train_step_speedup_vs_hf_grouped_mm"] is not None
     assert [p["results"] for p in report["parts"]] == [len(p["results"]) for p in parts]
-    assert report["environment"] == parts[0]["environment"]  # with its date, as notebook 05 reads
+    assert report["environment"] == parts[0]["environment"]  # with its date, as notebook 06 reads
 
     other = dict(parts[1], environment=dict(parts[1]["environment"], torch="0.0"))
     with pytest.raises(ValueError, match=r"different environments \(differ in \['torch'\]\)"):

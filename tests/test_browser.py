@@ -6,11 +6,18 @@ do what a person does and look at the page. Screenshots land in build/browser-ar
 with MOE_TUTORIAL_UPDATE_DOCS=1, the README's pictures in docs/)."""
 
 import os
+import re
 import shutil
 import time
 
 import pytest
-from browser_lab import CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
+from browser_lab import ACTIVE, CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
+
+from moe_tutorial.widgets import (
+    SKEW_EXPLORER_CLASS,
+    SKEW_OUTPUT_CLASS,
+    SKEW_SLIDER_CLASS,
+)
 
 pytestmark = pytest.mark.browser
 # CI sets MOE_TUTORIAL_REQUIRE_BROWSER=1: there a missing browser fails the suite instead of
@@ -58,7 +65,10 @@ def _keep_for_docs(shot, name):
         shutil.copy(shot, ROOT / "docs" / name)
 
 
-def test_live_dashboard_renders_and_updates_in_jupyterlab(lab, browser):
+@pytest.fixture(scope="module")
+def grouped_linear(lab, browser):
+    """Notebook 02 run top to bottom with Run All, watched while it runs: (the notebook, the
+    dashboard's plotted point counts seen, a screenshot of it a few measurements in)."""
     nb = _open(browser, lab, "notebooks/02_grouped_linear.ipynb")
     nb.run_all()
     counts, mid_shot = [], None
@@ -72,21 +82,97 @@ def test_live_dashboard_renders_and_updates_in_jupyterlab(lab, browser):
                 mid_shot = nb.screenshot_last_plot("dashboard-mid-run")
 
     time.sleep(1)
-    nb.wait_for_idle(240, poll=observe)
+    nb.wait_for_idle(300, poll=observe)
     nb.screenshot("page-end")
-    final = nb.screenshot_last_plot("dashboard-end")
     errors = nb.error_outputs()
     if errors:
         nb.fail(f"error output in the notebook: {errors[0][:500]}")
+    yield nb, counts, mid_shot
+    nb.page.close()
+
+
+def test_live_dashboard_renders_and_updates_in_jupyterlab(grouped_linear):
+    nb, counts, mid_shot = grouped_linear
+    final = nb.screenshot_plot("dashboard-end", "02 · grouped GEMMs")
     if len(counts) < 2 or max(counts) <= min(counts):
         nb.fail(f"the dashboard did not update while the cells ran (plotted points seen: {counts})")
     if not {"naive", "grouped_torch"} <= nb.trace_names():
         nb.fail(f"expected the naive and grouped_torch traces, found {sorted(nb.trace_names())}")
     if "02 · loop vs grouped" not in nb.text():
         nb.fail("the closing table is not visible")
-    assert mid_shot is not None
+    assert mid_shot is not None and final is not None
     _keep_for_docs(mid_shot, "dashboard-live.png")
     _keep_for_docs(final, "dashboard-end.png")
+
+
+def test_a_figure_of_the_idea_renders_in_jupyterlab(grouped_linear):
+    nb, _, _ = grouped_linear
+    figure = nb.page.locator(f"{ACTIVE} img[src*='grouped_gemm.svg']").first
+    figure.scroll_into_view_if_needed()
+    width = figure.evaluate("img => img.complete ? img.naturalWidth : 0")
+    if width == 0:
+        nb.fail("figures/grouped_gemm.svg did not load in the notebook")
+    _keep_for_docs(nb.screenshot_element(figure, "figure-grouped-gemm"), "figure-grouped-gemm.png")
+
+
+def test_a_prediction_is_answered_and_regraded_in_jupyterlab(grouped_linear):
+    """Click another answer of the first predict cell after its measurement: its one-sentence
+    grade follows the new answer (as it does for a learner who changes their mind)."""
+    nb, _, _ = grouped_linear
+    choices = nb.page.locator(f"{ACTIVE} .widget-toggle-buttons").first
+    other = choices.locator("button:not(.mod-active)").first
+    answer = other.inner_text().strip()
+    other.click()
+    grade = nb.page.locator(f"{ACTIVE} .widget-html:has-text('you predicted')").first
+    try:
+        sync_api.expect(grade).to_contain_text(f"you predicted '{answer}'", timeout=15_000)
+    except AssertionError:
+        nb.fail(f"clicking {answer!r} did not regrade the prediction: {grade.inner_text()!r}")
+    text = grade.inner_text()
+    assert ("✓ Right" in text or "✗ Not this time" in text) and "the measurement says" in text, text
+    cell = grade.locator("xpath=ancestor::div[contains(@class, 'jp-Cell ')]").first
+    _keep_for_docs(nb.screenshot_element(cell, "predict-graded"), "predict-graded.png")
+
+
+def test_the_skew_slider_remeasures_in_jupyterlab(grouped_linear):
+    """Move the routing-skew explorer's slider to one hot expert: the explorer measures that skew
+    live and redraws its table and figure."""
+    nb, _, _ = grouped_linear
+    explorer = nb.page.locator(f"{ACTIVE} .{SKEW_EXPLORER_CLASS}").first
+    explorer.scroll_into_view_if_needed()
+    caption = explorer.locator(f".{SKEW_OUTPUT_CLASS} table caption").first
+    if "routing skew 0.50" not in caption.inner_text():
+        nb.fail(f"the explorer should start at the notebook's default skew: {caption.inner_text()!r}")
+    readout = explorer.locator(f".{SKEW_SLIDER_CLASS} .widget-readout").first
+    readout.click()
+    nb.page.keyboard.press("Control+a")
+    nb.page.keyboard.type("1")
+    nb.page.keyboard.press("Enter")
+    try:  # the redraw replaces the table: wait on the locator, not on the old element
+        sync_api.expect(caption).to_contain_text("routing skew 1.00", timeout=60_000)
+    except AssertionError:
+        nb.fail(f"moving the slider to 1 did not redraw the explorer: {caption.inner_text()!r}")
+    table = explorer.locator(f".{SKEW_OUTPUT_CLASS} table").first.inner_text()
+    assert re.search(r"\b([\d,]+) of \1 tokens", table), table  # every token has a copy on expert 0
+    assert explorer.locator(".js-plotly-plot").count() >= 1
+    _keep_for_docs(nb.screenshot_element(explorer, "skew-explorer"), "skew-explorer.png")
+
+
+def test_where_the_time_goes_bars_render_in_jupyterlab(lab, browser):
+    """Notebook 06's stacked bars of step time by part, for every chapter's step so far."""
+    nb = _open(browser, lab, "notebooks/06_end_to_end.ipynb")
+    nb.run_all()
+    time.sleep(1)
+    nb.wait_for_idle(300)
+    errors = nb.error_outputs()
+    if errors:
+        nb.fail(f"error output in the notebook: {errors[0][:500]}")
+    shot = nb.screenshot_plot("where-the-time-goes", "06 · where the time goes")
+    if shot is None:
+        nb.fail("no 'where the time goes' figure in notebook 06")
+    if not {"GEMMs", "optimizer", "launch gaps / idle"} <= nb.trace_names():
+        nb.fail(f"the bars should have one trace per part; found {sorted(nb.trace_names())}")
+    _keep_for_docs(shot, "where-the-time-goes.png")
     nb.page.close()
 
 

@@ -171,10 +171,10 @@ def test_cli_build_and_check(checkout, capsys):
     assert (checkout / "exercises" / "03_mxfp8_blocks.ipynb").read_text() == "{}"
     assert main(["build", "--replace", *args]) == 0
     assert "wrote" in capsys.readouterr().out
-    broken = checkout / "solutions" / "04_te_ops_grouped_mlp.ipynb"
+    broken = checkout / "solutions" / "05_te_ops_grouped_mlp.ipynb"
     broken.write_text(broken.read_text().replace("### END SOLUTION", "### END"))
     assert main(["build", *args]) == 2
-    assert "error: solutions/04_te_ops_grouped_mlp.ipynb, cell " in capsys.readouterr().err
+    assert "error: solutions/05_te_ops_grouped_mlp.ipynb, cell " in capsys.readouterr().err
 
 
 def test_the_committed_exercises_are_up_to_date():
@@ -182,7 +182,7 @@ def test_the_committed_exercises_are_up_to_date():
     result = subprocess.run([sys.executable, "-m", "moe_tutorial", "build", "--check"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr + result.stdout
-    assert "exercises up to date (6 notebooks)" in result.stdout
+    assert "exercises up to date (7 notebooks)" in result.stdout
 
 
 def _edit_a_stub(exercise: Path) -> str:

@@ -30,13 +30,13 @@ EXERCISES = [
     ("03", "quantize_block", "check_quantize_block"),
     ("03", "quantize", "check_quantize"),
     ("03", "dequantize", "check_dequantize"),
-    ("04", "build_grouped_mlp", "check_build_grouped_mlp"),
-    ("04", "te_ops_expert_layer", "check_te_ops_expert_layer"),
-    ("05", "choose_recipe", "check_choose_recipe"),
-    ("05", "predict_speedup", "check_predict_speedup"),
-    ("06", "dispatch_order", "check_dispatch_order"),
-    ("06", "exchange_counts", "check_exchange_counts"),
-    ("06", "received_experts", "check_received_experts"),
+    ("04", "choose_recipe", "check_choose_recipe"),
+    ("05", "build_grouped_mlp", "check_build_grouped_mlp"),
+    ("05", "te_ops_expert_layer", "check_te_ops_expert_layer"),
+    ("06", "predict_speedup", "check_predict_speedup"),
+    ("07", "dispatch_order", "check_dispatch_order"),
+    ("07", "exchange_counts", "check_exchange_counts"),
+    ("07", "received_experts", "check_received_experts"),
 ]
 
 
@@ -53,7 +53,7 @@ def notebook_functions(folder: str, number: str) -> dict:
     """The namespace after running a notebook's parameters and setup cells and every cell that
     defines a function (the exercises), as a learner's kernel would have it: like IPython, it
     keeps every cell's source in linecache, so that `inspect.getsource` finds the functions
-    (exercise 06's check sends them to other processes by their source)."""
+    (exercise 07's check sends them to other processes by their source)."""
     cells = _code_cells(_notebook(folder, number))
     first = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
     namespace: dict = {}

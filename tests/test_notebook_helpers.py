@@ -1,4 +1,4 @@
-"""Package helpers written for notebooks 03-05, at CPU size."""
+"""Package helpers written for notebooks 03-06, at CPU size."""
 
 import math
 

@@ -232,11 +232,17 @@ def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, 
 def test_a_headless_prediction_answers_its_default_and_is_graded(capsys):
     guess = widgets.predict("Will FP8 be faster at hidden 128?", ["yes", "no"], default="yes")
     assert "Predict: Will FP8 be faster at hidden 128? (yes / no)" in capsys.readouterr().out
-    assert guess.grade("no", "FP8 2.0 ms, bf16 1.5 ms.") is False
+    guess.grade("no", "FP8 2.0 ms, bf16 1.5 ms.")
+    assert guess.right is False
     assert capsys.readouterr().out == ("✗ Not this time: you predicted 'yes', the measurement says "
                                        "'no'. FP8 2.0 ms, bf16 1.5 ms.\n")
     rows = widgets.predict("Padding rows at alignment 32?", range(0, 129), default=64)
-    assert rows.grade(60, "", tolerance=4) is True and rows.grade(40, "") is False
+    rows.grade(60, "", tolerance=4)
+    assert rows.right is True
+    rows.grade(40, "")
+    assert rows.right is False
+    with pytest.raises(RuntimeError, match="grade"):
+        widgets.predict("Ungraded?", ["yes", "no"], default="no").right
 
 
 def test_a_live_prediction_regrades_when_the_answer_changes(monkeypatch):
@@ -245,8 +251,8 @@ def test_a_live_prediction_regrades_when_the_answer_changes(monkeypatch):
     monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
     monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
     guess = widgets.predict("Faster?", ["yes", "no"], default="yes")
-    assert guess.grade("no", "measured.") is False
-    assert "Not this time" in shown[-1].value
+    guess.grade("no", "measured.")
+    assert guess.right is False and "Not this time" in shown[-1].value
     guess._widget.value = "no"  # the learner clicks after the measurement ran
     assert "✓ Right" in shown[-1].value
 
@@ -256,3 +262,98 @@ def test_a_live_prediction_regrades_when_the_answer_changes(monkeypatch):
 def test_a_prediction_needs_a_default_among_its_choices(choices, default):
     with pytest.raises(ValueError, match=repr(default)):
         widgets.predict("?", choices, default)
+
+
+# --- the routing-skew explorer ---------------------------------------------------------------
+
+SKEW_SIZES = dict(tokens=64, num_experts=4, top_k=2, hidden=32, intermediate=64, iters=2)
+
+
+def test_a_headless_skew_explorer_draws_once_at_its_default(monkeypatch, capsys):
+    shown = []
+    monkeypatch.setattr(widgets, "_ipython", lambda: object())  # displays go to `shown`
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
+    explorer = widgets.skew_explorer(**SKEW_SIZES, default_skew=0.5)
+    assert not explorer.live and explorer.slider is None  # no frontend: nothing waits for input
+    assert list(explorer.results) == [0.5]
+    figure, table = shown
+    assert PLOTLY_MIME in figure and "routing skew 0.50" in figure["text/plain"]
+    text = table["text/plain"]
+    assert "routing skew 0.50: 64 tokens, top-2 of 4 experts" in text
+    assert "48 of 64 tokens" in text  # expert 0: 32 balanced + round(0.5 * (64 - 32))
+    assert "straggler wait, ep=2" in text and "straggler wait, ep=4" in text
+    assert "static (not running in a Jupyter kernel)" in text and "torch._grouped_mm" in text
+    assert capsys.readouterr().out == ""  # outside a kernel: no note printed
+
+
+def test_a_skew_explorer_in_a_headless_kernel_says_it_is_static(monkeypatch, capsys):
+    monkeypatch.setattr(widgets, "in_kernel", lambda: True)
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.delenv("MOE_TUTORIAL_LIVE", raising=False)
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: None)
+    explorer = widgets.SkewExplorer(**SKEW_SIZES)
+    assert not explorer.live
+    assert capsys.readouterr().out.startswith("skew explorer static at skew 0.00: no Jupyter "
+                                              "frontend attached")
+
+
+def test_moving_the_skew_slider_remeasures_once_per_value(monkeypatch):
+    ipywidgets = pytest.importorskip("ipywidgets")
+    from moe_tutorial import skew
+
+    shown, measured = [], []
+    real = skew.grouped_gemm_efficiency
+
+    def counted(splits, *args, **kwargs):
+        measured.append(list(splits))
+        return real(splits, *args, **kwargs)
+
+    monkeypatch.setattr(skew, "grouped_gemm_efficiency", counted)
+    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
+    explorer = widgets.SkewExplorer(**SKEW_SIZES, ep=2)
+    assert explorer.live and shown == [explorer._widget]
+    slider, output = explorer.slider, explorer.output
+    assert isinstance(slider, ipywidgets.FloatSlider) and not slider.continuous_update
+    assert (slider.min, slider.max, slider.value) == (0.0, 1.0, 0.0)
+    assert widgets.SKEW_SLIDER_CLASS in slider._dom_classes
+    assert widgets.SKEW_OUTPUT_CLASS in output._dom_classes
+
+    def shown_table():
+        return next(o["data"]["text/plain"] for o in output.outputs if "text/html" in o["data"])
+
+    assert "routing skew 0.00" in shown_table() and "ep=4" not in shown_table()
+    assert any(PLOTLY_MIME in o["data"] for o in output.outputs)
+    slider.value = 1.0  # what releasing the slider in the browser does
+    assert explorer.skew == 1.0 and "routing skew 1.00" in shown_table()
+    assert "64 of 64 tokens" in shown_table() and measured[-1] == [64, 22, 21, 21]
+    slider.value = 0.0  # back: from the cache, nothing measured again
+    assert len(measured) == 2 and "routing skew 0.00" in shown_table()
+
+
+def test_a_failed_measurement_shows_in_the_explorer(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    from moe_tutorial import skew
+
+    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: None)
+    explorer = widgets.SkewExplorer(**SKEW_SIZES)
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(skew, "grouped_gemm_efficiency", out_of_memory)
+    explorer.slider.value = 0.5
+    (error,) = explorer.output.outputs
+    assert error["text"] == "skew 0.50 could not be measured: RuntimeError: CUDA out of memory\n"
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(default_skew=2.0), "skew=2.0 must be a number from 0"),
+    (dict(ep=3), "num_experts=4 is not divisible by ep=3"),
+    (dict(alignments=()), r"alignments=\(\) must be a non-empty"),
+    (dict(step=0), "step=0 must be in"),
+])
+def test_a_skew_explorer_refuses_bad_options_before_drawing(options, match):
+    with pytest.raises(ValueError, match=match):
+        widgets.SkewExplorer(**{**SKEW_SIZES, **options})

@@ -71,18 +71,14 @@ from .permute_and_grouped_gemm import (
     reference_permute,
     reference_unpermute,
 )
-from .recipe_and_alignment import (
-    check_choose_recipe,
-    check_predict_speedup,
-    no_prediction,
-    reference_choose_recipe,
-)
+from .recipe_and_alignment import check_choose_recipe, reference_choose_recipe
 from .router_and_loop import (
     check_expert_loop,
     check_load_balancing_loss,
     check_route,
     reference_expert_loop,
 )
+from .step_speedup import check_predict_speedup, no_prediction
 from .te_ops_grouped_mlp import (
     check_build_grouped_mlp,
     check_te_ops_expert_layer,

@@ -1,4 +1,4 @@
-"""Exercise 06's checks: the dispatch order, the count exchange (on real gloo process
+"""Exercise 07's checks: the dispatch order, the count exchange (on real gloo process
 groups), the local experts of the received rows."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exercise 04's checks: the te.ops grouped MLP, built with the ops it is handed
+"""Exercise 05's checks: the te.ops grouped MLP, built with the ops it is handed
 (`experts.torch_ops` here) and wired into an expert layer."""
 
 from __future__ import annotations

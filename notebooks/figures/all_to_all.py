@@ -1,4 +1,4 @@
-"""all_to_all.svg (notebook 06): expert parallelism's dispatch and combine between 2 ranks, as
+"""all_to_all.svg (notebook 07): expert parallelism's dispatch and combine between 2 ranks, as
 `moe_tutorial.distributed.AllToAllDispatcher` runs them — each rank sorts its token copies by
 expert (experts are sharded contiguously, so that sorts them by destination rank too), the ranks
 exchange their counts, then the rows (with their routing weights) in one all-to-all; each rank

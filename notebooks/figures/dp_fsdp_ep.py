@@ -1,4 +1,4 @@
-"""dp_fsdp_ep.svg (notebook 06): where the weights live on 2 GPUs under data parallelism
+"""dp_fsdp_ep.svg (notebook 07): where the weights live on 2 GPUs under data parallelism
 (replicas), FSDP2 (`fully_shard`: every parameter split over the GPUs, a layer gathered while it
 runs) and expert parallelism (dense weights replicated, experts split contiguously: rank r holds
 experts r·E/ep … (r+1)·E/ep − 1), with what each exchanges per step — as

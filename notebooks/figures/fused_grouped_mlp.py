@@ -1,4 +1,4 @@
-"""fused_grouped_mlp.svg (notebook 04): the te.ops grouped MLP's kernels, unfused and as TE
+"""fused_grouped_mlp.svg (notebook 05): the te.ops grouped MLP's kernels, unfused and as TE
 2.20's fuser replaces them (`GroupedMLP_CuTeGEMMGLU`, transformer_engine/pytorch/ops/fused/
 grouped_mlp.py): forward, one kernel for FC1 + SwiGLU + routing-weight scale + MXFP8 quantize,
 then a separate FC2 grouped GEMM; backward, FC2 dgrad fused with dSwiGLU and the routing

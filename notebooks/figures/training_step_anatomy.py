@@ -1,4 +1,4 @@
-"""training_step_anatomy.svg (notebook 05): one training step of the course's MoE model
+"""training_step_anatomy.svg (notebook 06): one training step of the course's MoE model
 (`moe_tutorial.model.MoEForCausalLM.forward`, `train.train_step`) with an FP8 precision: the
 decoder layers run under `te.autocast` — the attention projections become `te.Linear` (q, k, v
 fused into `qkv_proj`), the experts a TE backend (GroupedLinear), so those GEMMs run in FP8 —

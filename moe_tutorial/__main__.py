@@ -238,8 +238,37 @@ def _check_bench(args: argparse.Namespace) -> None:
         bench.variant(name)
 
 
+def _check_speed_of_light(args: argparse.Namespace) -> None:
+    from .config import PRESETS
+    from .data import check_count
+
+    _check_device(args.device)
+    _check_output_file("--out", args.out, args.replace, make_parents=True)
+    if args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {sorted(PRESETS)}")
+    check_count("--batch", args.batch)
+    check_count("--seq-len", args.seq_len, least=2)
+    if args.committed and not Path(args.committed).is_file():
+        raise ValueError(f"--committed {args.committed}: no such file; give a bench result JSON, "
+                         f"e.g. benchmarks/results/h200.json")
+
+
+def _speed_of_light(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import speed_of_light
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = speed_of_light.run(preset_name=args.preset, batch=args.batch, seq_len=args.seq_len,
+                                device=device, committed=args.committed, optimizer=args.optimizer,
+                                profile_upto=args.profile_upto)
+    if args.out:
+        _write_json(result, args.out)
+    return 0
+
+
 # Each command's checks of its arguments, run before any of its work (see `main`).
-_CHECKS = {"train": _check_train, "bench": _check_bench}
+_CHECKS = {"train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light}
 
 
 def _write_json(doc: dict, path: str) -> None:
@@ -361,6 +390,24 @@ def main(argv: list[str] | None = None) -> int:
     va.add_argument("--out", default="report.json")
     va.set_defaults(run=_validate)
 
+    sol = sub.add_parser("speed-of-light",
+                         help="the training step's floor per part from the model's shapes and "
+                              "this device's measured rates, vs each chapter's profiled step")
+    sol.add_argument("--preset", default="mixtral-2l")
+    sol.add_argument("--batch", type=int, default=2)
+    sol.add_argument("--seq-len", type=int, default=4096)
+    sol.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    sol.add_argument("--committed", default=None, metavar="JSON",
+                     help="read the rates from a bench result file instead of measuring them")
+    sol.add_argument("--optimizer", default="adamw", choices=["adamw", "adamw_fp32"],
+                     help="AdamW's state in the parameters' dtype, or fp32 master weights")
+    sol.add_argument("--profile-upto", default=None,
+                     choices=["naive", "grouped", "te_ops", "fp8"],
+                     help="also profile each course chapter's step up to this one")
+    sol.add_argument("--out", default=None, help="write the speed_of_light section as JSON here")
+    sol.add_argument("--replace", action="store_true",
+                     help="replace an existing --out file (else it is refused)")
+    sol.set_defaults(run=_speed_of_light)
     dc = sub.add_parser("docs", help="rewrite the README's generated regions from "
                                      "benchmarks/results/ (--check: fail where they disagree)")
     dc.add_argument("--check", action="store_true",

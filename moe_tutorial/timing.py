@@ -218,3 +218,64 @@ def mfu_text(tflops_: float, peaks: tuple[float | None, float | None], missing: 
     """'measured% / datasheet%' MFU of one (measured, datasheet) peak pair; `missing` for a
     peak the run did not record (never a number from elsewhere)."""
     return " / ".join(f"{100 * tflops_ / p:.1f}%" if p else missing for p in peaks)
+
+
+def copy_bandwidth_gb_per_s(device, nbytes: int = 2**30) -> float:
+    """Achievable memory bandwidth in GB/s (10^9 bytes/s, the unit bandwidth is quoted in): the
+    rate of one copy of `nbytes` bytes within `device`, which reads every byte once and writes it
+    once, so 2 × nbytes cross the memory bus per copy. On a GPU that is HBM, timed with CUDA
+    events; the default 1 GiB is far larger than the L2 cache (50 MB on an H100/H200), so the
+    cache cannot serve it. On a CPU it is the rate of the CPU's memcpy in main memory
+    (perf_counter), not a GPU's HBM: a number for this machine only."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+        raise ValueError(f"nbytes={nbytes!r} must be a positive int: the size of the copy in bytes, "
+                         f"e.g. 2**30")
+    source = torch.ones(nbytes, dtype=torch.uint8, device=device)  # ones: pages really backed
+    target = torch.empty_like(source)
+    t = time_fn(lambda: target.copy_(source), warmup=3, iters=10, device=device)
+    return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
+
+
+def attention_flops(batch: int, seq_len: int, heads: int, head_dim: int, *, causal: bool = True,
+                    backward: bool = True) -> int:
+    """Matmul FLOPs of scaled-dot-product attention over `heads` query heads. Per head and per
+    (query, key) pair the score q·k costs 2·head_dim FLOPs and the weighted value p·v another
+    2·head_dim, so forward = 4·head_dim per pair. A sequence has seq_len² pairs, or
+    seq_len·(seq_len + 1)/2 under causal masking (a query sees itself and the keys before it).
+    The backward pass runs twice the forward's matmuls (dV = Pᵀ·dO, dP = dO·Vᵀ, dQ = dS·K,
+    dK = dSᵀ·Q): forward + backward = 3 × forward. FlashAttention's recomputation of the scores
+    in the backward pass is the kernel's choice, not work the step needs, so it is not counted;
+    nor is the softmax (no matmul). Grouped-query attention shares K and V among heads, not FLOPs.
+    Non-causal, this is `model_flops_per_token`'s attention term (12 · seq_len · hidden per token
+    and layer)."""
+    pairs = seq_len * (seq_len + 1) // 2 if causal else seq_len * seq_len
+    forward = 4 * batch * heads * head_dim * pairs
+    return 3 * forward if backward else forward
+
+
+def sdpa_tflops(device, batch: int, seq_len: int, heads: int, kv_heads: int, head_dim: int,
+                dtype=torch.bfloat16, backward: bool = True) -> float:
+    """Measured rate of causal `F.scaled_dot_product_attention` (forward + backward, or forward
+    only) at these shapes, grouped-query when kv_heads < heads, in TFLOP/s of
+    `attention_flops(causal=True)`: the rate attention's part of a training step can reach on
+    this device. torch picks the kernel; call it under `torch.nn.attention.sdpa_kernel(...)` to
+    measure the backend a model uses."""
+    import torch.nn.functional as F
+
+    if heads % kv_heads:
+        raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}: grouped-query "
+                         f"attention shares each key/value head among heads / kv_heads query heads")
+    q = torch.randn(batch, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=backward)
+    k, v = (torch.randn(batch, kv_heads, seq_len, head_dim, device=device, dtype=dtype,
+                        requires_grad=backward) for _ in range(2))
+    grad_out = torch.randn_like(q)
+
+    def step():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=kv_heads != heads)
+        if backward:  # autograd.grad: nothing accumulates into .grad between calls
+            torch.autograd.grad(out, (q, k, v), grad_out)
+
+    t = time_fn(step, warmup=3, iters=10, device=device)
+    flops = attention_flops(batch, seq_len, heads, head_dim, causal=True, backward=backward)
+    return tflops(flops, t.median_ms)

@@ -21,7 +21,7 @@ LAYERS = [
     ("training (and resuming it), probes of a real step", {"train", "checkpoint", "probes"}),
     ("measurement", {"bench", "skew"}),
     ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course",
-                                  "step_profile"}),
+                                  "step_profile", "speed_of_light"}),
     ("the benchmark matrix, the decision sweep", {"matrix", "decide"}),
     ("the README's numbers", {"docs"}),
     ("the command line", {"__main__"}),

@@ -360,3 +360,62 @@ def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
             "dense_allreduce_bytes": dense, "expert_allreduce_bytes": expert,
             "allreduce_bytes": dense + expert,
             "allreduce_sent_bytes": dense * ring(world) + expert * ring(dp)}
+
+
+# ---------------------------------------------------------------------------------------------
+# FSDP2 on the (dp, ep) layout: the same arithmetic as `average_gradients`, with every weight
+# sharded instead of replicated.
+
+def _mesh_device_type() -> str:
+    """The device type of a DeviceMesh over the current process group: NCCL's are CUDA meshes."""
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forward: bool = True,
+                       mp_policy=None) -> nn.Module:
+    """FSDP2 (`torch.distributed.fsdp.fully_shard`) on a model whose experts `shard_experts`
+    already sharded over ep: each layer's expert shard (`mlp.experts`) is sharded again over the
+    rank's dp group, every decoder layer and the root (embeddings, final norm, lm_head) over all
+    dp × ep ranks. Returns the model (its parameters are now DTensors; create the optimizer
+    after this). `mp_policy`: an `fsdp.MixedPrecisionPolicy`, passed to every `fully_shard`.
+
+    The gradients are those of `average_gradients`, the mean loss over all ranks:
+    - dense parameters are reduce-scattered over the world and divided by its size (FSDP2's
+      default: each rank ran a different batch, so the world mean is the global batch's mean);
+    - an expert shard is reduce-scattered over its dp group, the ranks that hold the same
+      experts. Each ep rank's experts already summed the gradients from the tokens of its whole
+      ep group (the all-to-all's backward brought them), so the mean over all ranks divides
+      that dp sum by the world size, not by dp as FSDP2 would by default: the expert modules
+      get `set_gradient_divide_factor(world)`.
+    FSDP2 divides by a custom factor with NCCL's PREMUL_SUM reduce-scatter, which gloo lacks
+    ("Cannot use ReduceOp.PREMUL_SUM with Gloo"), so on CPU the expert shards reduce with SUM and
+    divide afterwards (`set_force_sum_reduction_for_comms`); gloo has AVG, the dense default."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    check_layout(dist.get_world_size(), layout.dp, layout.ep, model.config.num_experts)
+    if isinstance(model, FSDPModule):
+        raise ValueError("this model is already sharded by FSDP (fully_shard_layout ran on it): "
+                         "apply it once, to a model fresh from shard_experts")
+    if layout.ep > 1 and not all(isinstance(layer.mlp.dispatcher, AllToAllDispatcher)
+                                 for layer in model.model.layers):
+        raise ValueError(f"ep={layout.ep} but this model's experts are not sharded over ep: "
+                         f"call distributed.shard_experts(model, layout) first")
+    device_type = _mesh_device_type()
+    dp_mesh = DeviceMesh.from_group(layout.dp_group, device_type)
+    world_mesh = DeviceMesh.from_group(dist.group.WORLD, device_type)
+    options = {"reshard_after_forward": reshard_after_forward}
+    if mp_policy is not None:
+        options["mp_policy"] = mp_policy
+    # Innermost first: a module sharded already is skipped by its parent's fully_shard, so the
+    # experts keep their dp mesh and the layer takes only its dense parameters.
+    for layer in model.model.layers:
+        experts = fully_shard(layer.mlp.experts, mesh=dp_mesh, **options)
+        experts.set_gradient_divide_factor(float(layout.world))
+        # Not with dp = 1, where no collective runs: torch 2.13's foreach_reduce, on a 1-rank
+        # group, divides by the custom factor as it copies the gradient and again as the forced
+        # SUM's post-division (the expert gradients came out divided by world twice).
+        experts.set_force_sum_reduction_for_comms(dist.get_backend() == "gloo" and layout.dp > 1)
+        fully_shard(layer, mesh=world_mesh, **options)
+    fully_shard(model, mesh=world_mesh, **options)
+    return model

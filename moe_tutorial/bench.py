@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -25,6 +26,21 @@ from .timing import (
     tflops,
     time_fn,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_RESULTS = "benchmarks/results/h200.json"  # the course's committed one-H200 run
+
+
+def results_path(path: str | Path) -> Path:
+    """A result file this benchmark wrote: `path` as given, else relative to the repository (a
+    notebook runs in notebooks/); a clear error when there is none."""
+    path = Path(path)
+    resolved = path if path.is_absolute() or path.exists() else ROOT / path
+    if not resolved.is_file():
+        raise ValueError(f"{path}: no such results file; pass the JSON that `python -m "
+                         f"moe_tutorial bench` wrote (e.g. {COMMITTED_RESULTS})")
+    return resolved
+
 
 # ---------------------------------------------------------------------------------------------
 # What is benchmarked

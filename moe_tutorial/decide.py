@@ -39,11 +39,14 @@ from pathlib import Path
 import torch
 
 from . import hardware, recipes, widgets
-from .bench import EXPERT_SHAPES, ExpertShape, bench_expert_layer
+from .bench import (
+    COMMITTED_RESULTS,
+    EXPERT_SHAPES,
+    ExpertShape,
+    bench_expert_layer,
+    results_path,
+)
 from .config import COURSE_MODES
-
-ROOT = Path(__file__).resolve().parents[1]
-COMMITTED_RESULTS = "benchmarks/results/h200.json"
 
 TOP_K = 2
 INTERMEDIATE_RATIO = 3.5  # Mixtral-8x7B: 14336 / 4096
@@ -396,21 +399,12 @@ def decision_rule(decisions: dict[str, Verdict], where: str = "this machine",
 # ---------------------------------------------------------------------------------------------
 # The committed GPU results
 
-def _results_path(path: str | Path) -> Path:
-    path = Path(path)
-    resolved = path if path.is_absolute() or path.exists() else ROOT / path
-    if not resolved.is_file():
-        raise ValueError(f"{path}: no such results file; pass the JSON that "
-                         f"`python -m moe_tutorial bench` wrote (e.g. {COMMITTED_RESULTS})")
-    return resolved
-
-
 def committed_rows(path: str | Path = COMMITTED_RESULTS, routing: str = ROUTING) -> list[dict]:
     """The expert-layer rows of a `python -m moe_tutorial bench` result file, as sweep rows: its
     shapes are `bench.EXPERT_SHAPES`; loop = naive, grouped = te_grouped_linear bf16, te_ops =
     te_ops bf16, fp8 = te_grouped_linear under the recipe `recipe_for(..., "fastest")` picks for
     the file's GPU (Hopper: DelayedScaling; Blackwell: MXFP8BlockScaling)."""
-    report = json.loads(_results_path(path).read_text())
+    report = json.loads(results_path(path).read_text())
     env = report.get("environment", {})
     major = int(str(env.get("compute_capability") or "0").split(".")[0])
     kind = {9: "hopper", 10: "blackwell"}.get(major)

@@ -42,13 +42,12 @@ from pathlib import Path
 import torch
 
 from . import timing
+from .bench import COMMITTED_RESULTS, results_path
 from .config import MoEConfig
 from .data import check_count
 from .step_profile import CHAPTER_LABELS, OTHER, StepBreakdown
 from .step_profile import PARTS as PROFILER_PARTS
 
-ROOT = Path(__file__).resolve().parents[1]
-COMMITTED_RESULTS = "benchmarks/results/h200.json"
 PRECISIONS = ("bf16", "fp8")
 FP8_BYTES = 1
 # Each FP8-quantized tensor is written twice: FP8 GEMMs on Hopper take only the "TN" layout, and
@@ -137,7 +136,7 @@ class Rates:
         attention rate, and its expert-layer rows (`results` with part "expert", field
         `tflops`) time the whole routed expert MLP — permutation, SwiGLU and FP8 casts
         included, which are parts of their own here — so they are not the expert GEMMs' rate."""
-        resolved = _results_path(path)
+        resolved = results_path(path)
         doc = json.loads(resolved.read_text())
         if not isinstance(doc, dict):
             raise ValueError(f"{path}: not a benchmark report (a JSON object); pass the file "
@@ -159,16 +158,6 @@ class Rates:
                 ("dense_fp8_tflops", "dense_fp8_tflops_measured", peaks.fp8_measured)):
             sources[name] = f"{path}: {key}" if value is not None else f"missing: {path} has no {key}"
         return cls(device, peaks.bf16_measured, peaks.fp8_measured, sources=sources)
-
-
-def _results_path(path: str | Path) -> Path:
-    """`path` as given, else relative to the repository (a notebook runs in notebooks/)."""
-    path = Path(path)
-    resolved = path if path.is_absolute() or path.exists() else ROOT / path
-    if not resolved.is_file():
-        raise ValueError(f"{path}: no such results file; pass the JSON that `python -m "
-                         f"moe_tutorial bench` wrote (e.g. {COMMITTED_RESULTS})")
-    return resolved
 
 
 def expert_gemm_shapes(config: MoEConfig, batch: int, seq_len: int) -> list[tuple[int, int, int]]:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from moe_tutorial import decide, hardware, widgets
+from moe_tutorial import bench, decide, hardware, widgets
 from moe_tutorial.bench import ExpertShape
 
 
@@ -213,7 +213,7 @@ def test_sizes_are_stated_as_powers_of_two():
 # The committed H200 results
 
 def test_committed_map_reads_the_h200_expert_rows():
-    report = json.loads((decide.ROOT / decide.COMMITTED_RESULTS).read_text())
+    report = json.loads((bench.ROOT / bench.COMMITTED_RESULTS).read_text())
     ms = {(r["shape"], r["backend"], r["precision"]): r["median_ms"] for r in report["results"]
           if r["part"] == "expert" and r["routing"] == "balanced" and r["status"] == "ok"}
     decisions = decide.committed_map()

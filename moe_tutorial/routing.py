@@ -188,6 +188,12 @@ def check_routed_shapes(hidden: torch.Tensor, indices: torch.Tensor,
                          f"pass one floating-point weight per chosen expert, [T, k]")
 
 
+def padded_rows(tokens_per_expert: torch.Tensor, align: int) -> torch.Tensor:
+    """Rows per expert once each expert's block is padded with zero rows up to a multiple of
+    `align` (the `m_splits` that `permute` builds; 0 stays 0)."""
+    return (tokens_per_expert + align - 1) // align * align
+
+
 def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor | None,
             num_experts: int, align: int = 1):
     """Sort token copies by expert, padding each expert's block of rows to a multiple of `align`.
@@ -205,7 +211,7 @@ def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor |
     sorted_experts = indices.reshape(-1)[sort_order]
     token_index = sort_order // top_k
 
-    m_splits = (tokens_per_expert + align - 1) // align * align
+    m_splits = padded_rows(tokens_per_expert, align)
     real_starts = torch.cumsum(tokens_per_expert, 0) - tokens_per_expert
     padded_starts = torch.cumsum(m_splits, 0) - m_splits
     rank_in_expert = torch.arange(sort_order.numel(), device=indices.device) - real_starts[sorted_experts]

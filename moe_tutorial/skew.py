@@ -25,7 +25,7 @@ import torch
 from . import timing
 from .distributed import check_layout, rows_per_rank
 from .experts import grouped_mm, swiglu
-from .routing import check_top_k, permute
+from .routing import check_top_k, padded_rows
 
 DEFAULT_ALIGNMENTS = (16, 32, 128)  # TE's rows per expert: FP8 recipes, MXFP8, NVFP4 (recipes.alignment)
 
@@ -95,15 +95,11 @@ def routing_for_splits(splits: Sequence[int], top_k: int) -> torch.Tensor:
 
 
 def padded_splits(splits: Sequence[int], align: int) -> list[int]:
-    """Rows per expert after padding to `align`: what `routing.permute` makes of these splits
-    (it is run here, on zero-width rows, so this can never disagree with the course's padding)."""
+    """Rows per expert after padding to `align`: `routing.padded_rows`, the rule `routing.permute`
+    pads by."""
     splits = _check_splits(splits)
     _check_whole("align", align, 1)
-    if not sum(splits):
-        return splits
-    indices = routing_for_splits(splits, top_k=1)
-    _, _, perm = permute(torch.empty(indices.shape[0], 0), indices, None, len(splits), align)
-    return perm.m_splits.tolist()
+    return padded_rows(torch.tensor(splits), align).tolist()
 
 
 def padding_waste(splits: Sequence[int],

@@ -300,6 +300,16 @@ def grouped_splits_as_offsets(rows, m_splits, gate_up, down):
     return _grouped(rows, m_splits, gate_up, down, lambda s: s.to(torch.int32))
 
 
+def grouped_splits_as_offsets_in_a_reused_buffer(rows, m_splits, gate_up, down):
+    """The same mistake where the rows it leaves undefined happen to hold the right answer (a
+    buffer the allocator hands back still holding an earlier result): CI once saw this."""
+    out = grouped_splits_as_offsets(rows, m_splits, gate_up, down)
+    defined = int(torch.as_tensor(m_splits).max())
+    right = _grouped(rows, m_splits, gate_up, down, lambda s: torch.cumsum(s, 0).to(torch.int32))
+    out[defined:] = right[defined:]
+    return out
+
+
 def grouped_without_silu(rows, m_splits, gate_up, down):
     return _grouped(rows, m_splits, gate_up, down, lambda s: torch.cumsum(s, 0).to(torch.int32),
                     act=lambda g, u: g * u)
@@ -629,7 +639,9 @@ WRONG = [
     ("check_unpermute", unpermute_mean, "you averaged the k expert outputs"),
     ("check_grouped_mlp", grouped_block_starts, "you passed the block starts"),
     ("check_grouped_mlp", grouped_splits_as_offsets,
-     "are wrong while those of expert 0 are right: torch._grouped_mm's offs are the cumulative"),
+     "you passed m_splits itself as offs: torch._grouped_mm's offs are the cumulative"),
+    ("check_grouped_mlp", grouped_splits_as_offsets_in_a_reused_buffer,
+     "you passed m_splits itself as offs"),
     ("check_grouped_mlp", grouped_without_silu, "without silu"),
     ("check_grouped_mlp", grouped_int64_offsets, "the offsets must be int32"),
     ("check_grouped_mlp", grouped_untransposed, "transpose the weights"),

@@ -262,8 +262,9 @@ def _grouped_cases() -> list[Case]:
 
 
 def _grouped_with(rows, m_splits, gate_up, down, offsets_of, act=experts.swiglu):
-    """The grouped MLP computed expert by expert with other offsets or activation; rows past the
-    last offset (which torch._grouped_mm leaves undefined) are NaN."""
+    """The grouped MLP computed expert by expert with other offsets or activation, each block in
+    turn (offsets that step back overwrite earlier rows, as torch's CPU kernel does); rows no
+    block covers (which torch._grouped_mm leaves undefined) are NaN."""
     offsets = offsets_of(torch.as_tensor(m_splits).long()).tolist()
     out = torch.full((rows.shape[0], down.shape[1]), math.nan, dtype=torch.float64)
     start = 0
@@ -295,6 +296,12 @@ def _verify_grouped(case: Case, call) -> None:
         (_grouped_with(rows, m_splits, gate_up, down, lambda s: torch.cumsum(s, 0) - s),
          "you passed the block starts (an exclusive cumsum) as offs: torch._grouped_mm wants each "
          "expert's row end, torch.cumsum(m_splits, 0).to(torch.int32)"),
+        # Judged only on the rows these offsets define: torch._grouped_mm leaves the rest
+        # uninitialised, and a reused buffer can happen to hold the right answer there.
+        (_grouped_with(rows, m_splits, gate_up, down, lambda s: s),
+         "you passed m_splits itself as offs: torch._grouped_mm's offs are the cumulative row "
+         "ends torch.cumsum(m_splits, 0).to(torch.int32), expert e owns rows "
+         "[offs[e-1], offs[e])"),
     ]
     for variant, diagnosis in variants:
         covered = ~torch.isnan(variant).any(-1)

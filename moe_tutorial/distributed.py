@@ -16,12 +16,22 @@ differentiable: the backward pass sends the gradients back along the same routes
 
 The world of `dp × ep` ranks is a 2-D device mesh (`dp`, `ep`). Ranks in one `ep` group share
 their tokens' experts; ranks in one `dp` group hold the same experts for different data.
-Gradients are averaged explicitly after the backward pass (`average_gradients`): dense
-parameters over all ranks, expert parameters over their `dp` group only (every rank of an `ep`
-group already accumulated its experts' gradients from all the tokens that visited them). That is
-DDP's arithmetic written out — DDP itself reduces every parameter over one group, and FSDP2
-would also shard the dense weights, which saves little for this model and hides what EP does.
-Works with NCCL on GPUs and gloo on CPUs.
+
+The data-parallel engine is PyTorch's FSDP2 (`fully_shard_layout`): every weight is sharded
+instead of replicated — the dense ones over all ranks, each ep shard of the experts over its dp
+group — gathered layer by layer for the forward and backward passes, and the gradients
+reduce-scattered so that each rank keeps (and updates) only its slice. The gradient arithmetic
+is the one `average_gradients` writes out for replicated weights, which the course keeps as the
+explanation (notebook 07 shows it) and as the baseline the benchmark compares with: dense
+gradients summed over all ranks, expert gradients over their dp group only (every rank of an ep
+group already accumulated its experts' gradients from all the tokens that visited them), both
+divided by the world size. Works with NCCL on GPUs and gloo on CPUs.
+
+Transformer Engine 2.20.2 has no expert-parallel dispatch of its own (its `te.ops` communicate
+by all-gather, reduce-scatter and all-reduce only: `transformer_engine/pytorch/ops/basic/`), so
+the token exchange is torch.distributed's all-to-all. The dispatch and combine ops announced for
+TE 2.21 (`MoeDispatch` / `MoeCombine`) would take the place of steps 1–3 and 5 of
+`AllToAllDispatcher.forward`.
 """
 
 from __future__ import annotations
@@ -233,7 +243,11 @@ def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
 def average_gradients(model: nn.Module, layout: Layout) -> None:
     """Make every rank's gradients those of the mean loss over all ranks: dense parameters are
     summed over the world, expert parameters over their dp group (their ep group's tokens are
-    already in them), both divided by the world size. One flat buffer per group and dtype."""
+    already in them), both divided by the world size. One flat buffer per group and dtype.
+
+    The arithmetic written out, for replicated weights (`train_dist --engine replicated`, the
+    benchmark's baseline): the engine is FSDP2 (`fully_shard_layout`), which does the same
+    reduction as a reduce-scatter into each rank's shard."""
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for name, p in model.named_parameters():
         if p.grad is not None:
@@ -250,27 +264,43 @@ def average_gradients(model: nn.Module, layout: Layout) -> None:
 
 @torch.no_grad()
 def clip_grad_norm(model: nn.Module, layout: Layout, max_norm: float) -> torch.Tensor:
-    """`torch.nn.utils.clip_grad_norm_` for a sharded model, after `average_gradients`: the norm
-    of the whole model's gradient, not of this rank's part. Dense gradients are the same on
-    every rank, each expert shard's are on its ep rank only, so the squared norm is the dense
-    part plus the expert parts summed over the ep group. Every rank scales by the same factor."""
-    squares = {True: [], False: []}
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            squares[is_expert_parameter(name)].append(p.grad.detach().float().pow(2).sum())
+    """`torch.nn.utils.clip_grad_norm_` for a model whose gradients are spread over the ranks:
+    the norm of the whole model's gradient, not of this rank's part, and every rank scales its
+    part by the same factor.
+
+    - FSDP2 (`fully_shard_layout`): every gradient is a DTensor and each of its elements lives
+      on exactly one rank (a dense slice on one rank of the world, an expert slice on one rank
+      of its dp group, and each ep rank has other experts), so the squared norm is the sum of
+      the local slices' squares over the world.
+    - Replicated (`average_gradients`): dense gradients are the same on every rank and each
+      expert shard's are on its ep rank only, so it is the dense part plus the expert parts
+      summed over the ep group."""
+    from torch.distributed.tensor import DTensor
+
+    def local(grad):
+        return grad.to_local() if isinstance(grad, DTensor) else grad
+
+    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     device = next(model.parameters()).device
+    sharded = any(isinstance(g, DTensor) for g in grads.values())
+    squares = {True: [], False: []}
+    for name, grad in grads.items():
+        squares[is_expert_parameter(name) and not sharded].append(
+            local(grad).detach().float().pow(2).sum())
+    replicated = (torch.stack(squares[False]).sum() if squares[False]
+                  else torch.zeros((), device=device))
     expert = torch.stack(squares[True]).sum() if squares[True] else torch.zeros((), device=device)
-    dense = torch.stack(squares[False]).sum() if squares[False] else torch.zeros((), device=device)
-    if layout.ep > 1:
+    if sharded:
+        dist.all_reduce(replicated)  # here: every local slice, summed over the world
+    elif layout.ep > 1:
         dist.all_reduce(expert, group=layout.ep_group)
-    total = (dense + expert).sqrt()
+    total = (replicated + expert).sqrt()
     scale = (max_norm / (total + 1e-6)).clamp(max=1.0)  # torch's rule: shrink, never grow
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for p in model.parameters():
-        if p.grad is not None:
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-    for dtype, grads in by_dtype.items():
-        torch._foreach_mul_(grads, scale.to(dtype))
+    for grad in grads.values():
+        by_dtype.setdefault(grad.dtype, []).append(local(grad))
+    for dtype, tensors in by_dtype.items():
+        torch._foreach_mul_(tensors, scale.to(dtype))
     return total
 
 
@@ -366,9 +396,11 @@ def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
 # FSDP2 on the (dp, ep) layout: the same arithmetic as `average_gradients`, with every weight
 # sharded instead of replicated.
 
-def _mesh_device_type() -> str:
-    """The device type of a DeviceMesh over the current process group: NCCL's are CUDA meshes."""
-    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+def _mesh(group):
+    """A DeviceMesh over an existing process group (NCCL's are CUDA meshes, gloo's CPU ones)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(group, "cuda" if dist.get_backend() == "nccl" else "cpu")
 
 
 def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forward: bool = True,
@@ -390,7 +422,6 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
     FSDP2 divides by a custom factor with NCCL's PREMUL_SUM reduce-scatter, which gloo lacks
     ("Cannot use ReduceOp.PREMUL_SUM with Gloo"), so on CPU the expert shards reduce with SUM and
     divide afterwards (`set_force_sum_reduction_for_comms`); gloo has AVG, the dense default."""
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     check_layout(dist.get_world_size(), layout.dp, layout.ep, model.config.num_experts)
@@ -401,9 +432,7 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
                                  for layer in model.model.layers):
         raise ValueError(f"ep={layout.ep} but this model's experts are not sharded over ep: "
                          f"call distributed.shard_experts(model, layout) first")
-    device_type = _mesh_device_type()
-    dp_mesh = DeviceMesh.from_group(layout.dp_group, device_type)
-    world_mesh = DeviceMesh.from_group(dist.group.WORLD, device_type)
+    dp_mesh, world_mesh = _mesh(layout.dp_group), _mesh(dist.group.WORLD)
     options = {"reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         options["mp_policy"] = mp_policy
@@ -419,3 +448,62 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
         fully_shard(layer, mesh=world_mesh, **options)
     fully_shard(model, mesh=world_mesh, **options)
     return model
+
+
+def mixed_precision(compute_dtype: torch.dtype, state_dtype: torch.dtype):
+    """FSDP2's `MixedPrecisionPolicy` for weights kept (with their gradients and AdamW's moments)
+    in `state_dtype` and gathered for the forward and backward passes in `compute_dtype`, the
+    gradients reduced in `state_dtype` (a bf16 sum over many ranks loses the small ones). None
+    when the two are the same: nothing to cast.
+
+    The modules' inputs are left as they come (`cast_forward_inputs=False`): the embedding's
+    gathered weight already makes the hidden states `compute_dtype`, and the router's fp32
+    routing weights must reach the experts in fp32, as in the unsharded model (FSDP2's default
+    casts them to bf16, and the softmax's backward amplifies that rounding: the router's
+    gradient came out ~10% off).
+
+    Under FP8 (`set_precision`, TE's autocast) the gathered weights stay in `compute_dtype` and
+    TE quantizes them in each forward pass, as it does without FSDP; TE 2.20.2's FP8 primary
+    weights (`quantized_model_init`, all-gathered in FP8) are not used by the course."""
+    if compute_dtype == state_dtype:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=state_dtype,
+                                cast_forward_inputs=False)
+
+
+def checkpoint_activations(model: nn.Module) -> nn.Module:
+    """Activation checkpointing of every decoder layer: its forward keeps only its input for the
+    backward pass, which runs the layer's forward again (about a third more compute) to rebuild
+    the rest. The recomputation repeats the layer's all-to-alls, in the same order on every
+    rank. Apply before `fully_shard_layout` (PyTorch's composable `checkpoint`, which FSDP2
+    composes with)."""
+    from torch.distributed._composable import checkpoint
+
+    for layer in model.model.layers:
+        checkpoint(layer)
+    return model
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """name → this rank's gradient of each parameter as an ordinary tensor, gathered from FSDP2's
+    shards (a collective every rank calls): a dense parameter's whole gradient, an expert
+    parameter's for the experts of this rank's ep shard. Plain tensors pass through."""
+    from torch.distributed.tensor import DTensor
+
+    return {name: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            for name, p in model.named_parameters() if p.grad is not None}
+
+
+def fully_shard_decoder(model: nn.Module, layers, *, mp_policy=None) -> nn.Module:
+    """FSDP2 for a model without expert parallelism (the HF baseline): every decoder layer in
+    `layers`, then the root, sharded over all ranks. Its gradients are the mean over all ranks
+    (FSDP2's default), as `average_gradients` makes them."""
+    from torch.distributed.fsdp import fully_shard
+
+    world_mesh = _mesh(dist.group.WORLD)
+    options = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for layer in layers:
+        fully_shard(layer, mesh=world_mesh, **options)
+    return fully_shard(model, mesh=world_mesh, **options)

@@ -59,18 +59,20 @@ class Run:
     ep: int
     precision: str
     backend: str
+    engine: str = "fsdp2"  # train_dist's --engine: fsdp2, or replicated (the baseline)
 
     @property
     def label(self) -> str:
-        return HF_LABEL if self.model == "hf" else f"ours ({self.backend})"
+        label = HF_LABEL if self.model == "hf" else f"ours ({self.backend})"
+        return label + (", replicated" if self.engine == "replicated" else "")
 
     @property
     def layout(self) -> str:
         return f"dp{self.dp}×ep{self.ep}"
 
     def bench_args(self, settings: Settings) -> list[str]:
-        args = ["--mode", "bench", "--model", self.model, "--dp", str(self.dp), "--ep",
-                str(self.ep), "--precision", self.precision]
+        args = ["--mode", "bench", "--model", self.model, "--engine", self.engine,
+                "--dp", str(self.dp), "--ep", str(self.ep), "--precision", self.precision]
         if self.model == "ours":
             args += ["--backend", self.backend]
         return args + settings.bench_args()
@@ -124,15 +126,20 @@ def best_backend() -> tuple[str, str]:
 
 
 def plan(gpus: int, layout_list: list[tuple[int, int]], precisions, backend: str,
-         hf: bool = True) -> list[Run]:
-    """Our model in every layout and precision, then the HF baseline (data parallel only)."""
+         hf: bool = True, engines=("fsdp2",)) -> list[Run]:
+    """Our model in every layout, precision and data-parallel engine, then the HF baseline
+    (data parallel only) under each engine."""
     unknown = set(precisions) - set(PRECISIONS)
     if unknown:
         raise ValueError(f"unknown precision(s) {sorted(unknown)}; choose from {PRECISIONS}")
-    runs = [Run("ours", dp, ep, precision, backend)
+    unknown = set(engines) - set(train_dist.ENGINES)
+    if unknown:
+        raise ValueError(f"unknown engine(s) {sorted(unknown)}; choose from "
+                         f"{train_dist.ENGINES}")
+    runs = [Run("ours", dp, ep, precision, backend, engine) for engine in engines
             for dp, ep in layout_list for precision in precisions]
     if hf:
-        runs.append(Run("hf", gpus, 1, "bf16", train_dist.HF_BASELINE))
+        runs += [Run("hf", gpus, 1, "bf16", train_dist.HF_BASELINE, engine) for engine in engines]
     return runs
 
 
@@ -144,7 +151,9 @@ def summarize_ranks(ranks: list[dict], peak_tflops: float | None) -> dict:
     GPU (every rank trains the same number of tokens), the largest memory and NCCL times.
     torch's NCCL backend runs `all_to_all_single` as grouped send/recv kernels (or NCCL's own
     all-to-all where it has one), so all-to-all time is the `sendrecv` and `alltoall` kernels
-    together: nothing else in the step sends point to point (gradients are all-reduced)."""
+    together: nothing else in the step sends point to point. The data-parallel engine's own
+    collectives: the replicated engine's all-reduces, FSDP2's all-gathers (weights) and
+    reduce-scatters (gradients)."""
     pflops = statistics.mean(r["pflops_per_gpu"] for r in ranks)
     nccl = [r["nccl_kernel_ms_per_step"] for r in ranks if r["nccl_kernel_ms_per_step"]]
     memory = [r["peak_memory_gb"] for r in ranks if r["peak_memory_gb"] is not None]
@@ -156,6 +165,8 @@ def summarize_ranks(ranks: list[dict], peak_tflops: float | None) -> dict:
         "peak_memory_gb": max(memory) if memory else None,
         "all_to_all_ms": max(n["sendrecv"] + n["alltoall"] for n in nccl) if nccl else None,
         "all_reduce_ms": max(n["allreduce"] for n in nccl) if nccl else None,
+        "dp_collectives_ms": max(n["allreduce"] + n.get("allgather", 0.0)
+                                 + n.get("reducescatter", 0.0) for n in nccl) if nccl else None,
         "dtype": ranks[0]["dtype"],
         "path": ranks[0]["path"],
     }
@@ -199,13 +210,16 @@ def model_description(name: str) -> dict:
 FP8_WEIGHT_COPY_BYTES = 1
 
 
-def predicted_state_gib(config, dp: int, ep: int, precision: str = "bf16") -> float:
-    """Weights + gradients + AdamW moments + the gradient all-reduce buffer per GPU, plus TE's
-    FP8 weight copies when `precision` is fp8, in GiB (activations come on top): what decides
-    whether a layout fits (see the mixtral-7l preset)."""
-    state = distributed.training_state_per_rank(config, dp, ep)
+def predicted_state_gib(config, dp: int, ep: int, precision: str = "bf16",
+                        engine: str = "replicated") -> float:
+    """Weights + gradients + AdamW moments per GPU, with the replicated engine's gradient
+    all-reduce buffer or FSDP2's one gathered layer, plus TE's FP8 weight copies when
+    `precision` is fp8, in GiB (activations come on top): what decides whether a layout fits
+    (see the mixtral-7l preset)."""
+    state = distributed.training_state_per_rank(config, dp, ep, fsdp=engine == "fsdp2")
     fp8_copies = FP8_WEIGHT_COPY_BYTES * state["expert_params"] if precision == "fp8" else 0
-    return (state["state_bytes"] + state["allreduce_buffer_bytes"] + fp8_copies) / 2**30
+    return (state["state_bytes"] + state["allreduce_buffer_bytes"]
+            + state["gathered_layer_bytes"] + fp8_copies) / 2**30
 
 
 def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple[str, str],
@@ -237,7 +251,8 @@ def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple
     for i, run in enumerate(runs, 1):
         log(f"[{i}/{len(runs)}] {run.label} {run.layout} {run.precision} ...")
         row = run_one(run, settings, gpus, peaks[run.precision], timeout)
-        row["predicted_state_gib"] = predicted_state_gib(config, run.dp, run.ep, run.precision)
+        row["predicted_state_gib"] = predicted_state_gib(config, run.dp, run.ep, run.precision,
+                                                         run.engine)
         report["rows"].append(row)
         log("    " + row_summary(row))
         write_report(report, out)
@@ -317,7 +332,7 @@ def markdown_table(report: dict) -> str:
         "",
         "| model | layout | precision | ms/step | tokens/s per GPU | PFLOP/s per GPU "
         "| MFU (datasheet peak of its precision) "
-        "| vs HF | peak GB per GPU | all-to-all ms | all-reduce ms | status |",
+        "| vs HF | peak GB per GPU | all-to-all ms | all-reduce / FSDP ms | status |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     failures = []
@@ -330,7 +345,8 @@ def markdown_table(report: dict) -> str:
                       _number(row["pflops_per_gpu"], ".3f"),
                       _percent(row_mfu(row, env.get("gpu"))),
                       _number(vs_hf, ".2f"), _number(row["peak_memory_gb"], ".1f"),
-                      _number(row["all_to_all_ms"], ".1f"), _number(row["all_reduce_ms"], ".1f"),
+                      _number(row["all_to_all_ms"], ".1f"),
+                      _number(row.get("dp_collectives_ms", row["all_reduce_ms"]), ".1f"),
                       "ok"]
         else:
             failures.append(row)
@@ -370,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="our expert backend (default: te_ops with TE on a GPU, else "
                              "grouped_torch)")
     parser.add_argument("--no-hf", action="store_true", help="skip the HF baseline")
+    parser.add_argument("--engines", nargs="+", default=["fsdp2"], choices=train_dist.ENGINES,
+                        help="data-parallel engines to run (add replicated for the baseline)")
     parser.add_argument("--batch", type=int, default=2, help="sequences per GPU")
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per sequence (default: the preset's max_seq_len, at most "
@@ -406,14 +424,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     backend, reason = ((args.backend, "chosen with --backend") if args.backend
                        else best_backend())
-    runs = plan(args.gpus, layout_list, args.precisions, backend, hf=not args.no_hf)
+    runs = plan(args.gpus, layout_list, args.precisions, backend, hf=not args.no_hf,
+                engines=args.engines)
     if args.dry_run:
         print(f"# {len(runs)} runs of {name} on {args.gpus} processes; "
               f"experts: {backend} ({reason})")
         for run in runs:
-            state = predicted_state_gib(config, run.dp, run.ep, run.precision)
+            state = predicted_state_gib(config, run.dp, run.ep, run.precision, run.engine)
+            buffer = "one gathered layer" if run.engine == "fsdp2" else "all-reduce buffer"
             print(f"# {run.label} {run.layout} {run.precision}: weights + grads + AdamW + "
-                  f"all-reduce buffer{' + FP8 weight copies' if run.precision == 'fp8' else ''} "
+                  f"{buffer}{' + FP8 weight copies' if run.precision == 'fp8' else ''} "
                   f"{state:.1f} GiB per GPU, activations on top")
             print(shlex.join(train_dist.torchrun_command(args.gpus, *run.bench_args(settings))))
         return 0

@@ -7,11 +7,16 @@
     torchrun --nproc_per_node=2 -m moe_tutorial.train_dist --mode bench --preset mixtral-2l \\
         --model hf --dp 2 --ep 1
 
-NCCL on GPUs (one process per GPU), gloo on CPUs. `check` proves the layout computes what one
-process computes: every rank also runs the full model on the global batch and compares its
-logits and its (averaged) gradients. `bench` reports tokens/s per GPU, the recipe's PFLOP/s per
-GPU (6 × active parameters × tokens/s/GPU), peak memory, and the all-to-all's share of the step
-(from torch.profiler); `--model hf` benches the HF baseline (transformers' MixtralForCausalLM,
+NCCL on GPUs (one process per GPU), gloo on CPUs. The data-parallel engine is FSDP2
+(`--engine fsdp2`, `distributed.fully_shard_layout`); `--engine replicated` keeps full copies
+and averages the gradients by hand (`distributed.average_gradients`), the arithmetic notebook 07
+explains and the baseline the benchmark compares with. `--state-dtype float32` keeps FSDP2's
+sharded weights, gradients and AdamW moments in fp32 and computes in the preset's dtype
+(`--dtype`); `--activation-checkpointing` recomputes each decoder layer in the backward pass.
+`check` proves the layout computes what one process computes: every rank also runs the full
+model on the global batch and compares its loss, logits and gradients. `bench` reports tokens/s
+per GPU, the recipe's PFLOP/s per GPU (6 × active parameters × tokens/s/GPU), peak memory, and
+NCCL's kernels per step by kind (from torch.profiler); `--model hf` benches the HF baseline (transformers' MixtralForCausalLM,
 grouped_mm experts, bf16) the same way, data parallel only. `launch()` runs any of these as a
 subprocess for a notebook; `moe_tutorial.matrix` runs every layout of a machine.
 """
@@ -33,9 +38,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from . import distributed, routing
-from .config import preset
+from .config import DTYPES, preset
 from .lesson import rel_error
 from .model import MoEForCausalLM, next_token_targets
 from .timing import environment, time_fn
@@ -74,37 +80,99 @@ def _global_batch(config, world: int, batch: int, seq_len: int, device, seed: in
     return torch.randint(0, config.vocab_size, (world * batch, seq_len), generator=gen).to(device)
 
 
+ENGINES = ("fsdp2", "replicated")
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def dtypes(args, config) -> tuple[torch.dtype, torch.dtype]:
+    """(compute, state): the dtype the layers compute in (`--dtype`, default the preset's) and the
+    one the weights, their gradients and AdamW's moments are kept in (`--state-dtype`, default
+    the compute dtype). Only FSDP2 keeps them apart (its mixed-precision policy casts each
+    gathered layer); replicated weights are the ones the layers compute with."""
+    compute = DTYPES[args.dtype or config.dtype]
+    state = DTYPES[args.state_dtype] if args.state_dtype else compute
+    if state != compute and args.engine != "fsdp2":
+        raise ValueError(f"--state-dtype {args.state_dtype} with --dtype {compute}: only "
+                         f"--engine fsdp2 keeps the training state in another dtype than the "
+                         f"compute (replicated weights are what the layers compute with)")
+    return compute, state
+
+
+def parallelize(model, args, layout, compute: torch.dtype, state: torch.dtype):
+    """Apply the data-parallel engine to a model built in the compute dtype whose experts
+    `shard_experts` already sharded over ep; returns the `after_backward` hook `train_step`
+    calls (None for FSDP2, whose backward pass reduce-scatters the gradients itself). Create
+    the optimizer afterwards: FSDP2 replaces the parameters by their shards."""
+    if args.activation_checkpointing:
+        distributed.checkpoint_activations(model)
+    if args.engine == "replicated":
+        return lambda: distributed.average_gradients(model, layout)
+    # Parameters only: the attention's RoPE tables (plain attributes) stay in the compute dtype.
+    model.to(state)
+    distributed.fully_shard_layout(model, layout, mp_policy=distributed.mixed_precision(compute,
+                                                                                         state))
+    return None
+
+
 def check(args, device) -> dict:
     """Distributed forward/backward vs the single-process model on the same global batch."""
     rank, world = dist.get_rank(), dist.get_world_size()
     config = preset(args.preset, aux_loss_coef=0.0)  # the aux loss is per rank (local balance)
+    compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
+    # The reference computes in the compute dtype, as the layout's gathered layers do; the
+    # layout keeps the same weights in the state dtype.
     torch.manual_seed(0)
-    reference = MoEForCausalLM(config, device=device)
+    reference = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
     model = copy.deepcopy(reference)
     model.set_expert_backend(args.backend)
     distributed.shard_experts(model, layout)
+    # Where the gathered gradients land, in the backend's own parameter layout (FSDP2 turns the
+    # model's parameters into shards)
+    # (sharing the layout: its process groups cannot be copied)
+    unsharded = (copy.deepcopy(model, memo={id(layout): layout}).to(state)
+                 if args.engine == "fsdp2" else model)
+    after_backward = parallelize(model, args, layout, compute, state)
     ids = _global_batch(config, world, args.batch, args.seq_len, device)
     mine = slice(rank * args.batch, (rank + 1) * args.batch)
     starve = ([] if args.starve_rank is None else
               list(range(args.starve_rank * config.num_experts // args.ep,
                          (args.starve_rank + 1) * config.num_experts // args.ep)))
     with starve_experts(starve):
-        ref_out = reference(ids, next_token_targets(ids))
-        ref_out.loss.backward()
+        # The global batch in one process, as rank-sized micro-batches whose gradients add up
+        # (each loss / world: the mean over all of them). The same sums as one big batch, and
+        # the forward passes have the ranks' shapes, so in bf16 they round alike: a token near a
+        # tie between two experts cannot pick another one in the reference.
+        ref_losses, ref_logits = [], []
+        for r in range(world):
+            part = ids[r * args.batch:(r + 1) * args.batch]
+            ref_out = reference(part, next_token_targets(part))
+            (ref_out.loss / world).backward()
+            ref_losses.append(ref_out.loss.detach().float())
+            ref_logits.append(ref_out.logits.detach())
         out = model(ids[mine], next_token_targets(ids[mine]))
         out.loss.backward()
-    distributed.average_gradients(model, layout)
+    if after_backward is not None:
+        after_backward()
 
-    errors = {"logits": rel_error(out.logits, ref_out.logits[mine])}
+    # Every rank's loss is the mean over its equally many tokens: their mean is the global one.
+    loss = out.loss.detach().float()
+    dist.all_reduce(loss)
+    errors = {"loss": rel_error(loss / world, torch.stack(ref_losses).mean()),
+              "logits": rel_error(out.logits, ref_logits[rank])}
+    grads = distributed.full_gradients(model)
+    if unsharded is not model:
+        params = dict(unsharded.named_parameters())
+        for name, grad in grads.items():
+            params[name].grad = grad
     ref_params = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
+    for name, grad in grads.items():
         if not distributed.is_expert_parameter(name):
-            errors[name] = rel_error(p.grad, ref_params[name].grad)
+            errors[name] = rel_error(grad, ref_params[name].grad)
     # Expert gradients in HF layout (whatever the backend's own layout): this rank's shard.
     per_rank = config.num_experts // args.ep
     first = layout.ep_rank * per_rank
-    for i, (layer, ref_layer) in enumerate(zip(model.model.layers, reference.model.layers)):
+    for i, (layer, ref_layer) in enumerate(zip(unsharded.model.layers, reference.model.layers)):
         ref_grads = ref_layer.mlp.experts.hf_gradients()
         for what, grad, ref in zip(("gate_up_proj", "down_proj"), layer.mlp.experts.hf_gradients(),
                                    ref_grads):
@@ -116,11 +184,19 @@ def check(args, device) -> dict:
         distributed.clip_grad_norm(model, layout, float("inf")),
         torch.nn.utils.clip_grad_norm_(reference.parameters(), float("inf")))
     worst = max(errors, key=errors.get)
-    return {"rank": rank, "dp": args.dp, "ep": args.ep, "max_rel_error": errors[worst],
-            "worst": worst, "starved_experts": starve, "path": model.expert_paths()[0]}
+    state_dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    return {"rank": rank, "dp": args.dp, "ep": args.ep, "engine": args.engine,
+            "compared": len(errors), "errors": errors, "max_rel_error": errors[worst],
+            "worst": worst,
+            "starved_experts": starve, "path": model.expert_paths()[0],
+            "parameter_dtypes": state_dtypes,
+            "sharded": any(isinstance(p, DTensor) for p in model.parameters())}
 
 
 MODELS = ("ours", "hf")
+# NCCL's kernels by the words in their names: FSDP2's all-gathers and reduce-scatters, the
+# replicated engine's all-reduces, expert parallelism's all-to-alls (sendrecv on some versions).
+NCCL_KERNELS = ("allgather", "reducescatter", "allreduce", "alltoall", "sendrecv")
 # What `--model hf` runs, as results name it (bench.py's name for the same baseline).
 HF_BASELINE = "hf_grouped_mm"
 HF_PATH = "HF transformers MixtralForCausalLM, experts_implementation='grouped_mm', sdpa attention"
@@ -139,27 +215,36 @@ def check_hf_args(args) -> None:
 
 
 def _bench_model(args, config, layout, device):
-    """(module, forward for `train_step`) of the benchmarked model. Both models start from the
-    same seeded weights: HF's is a copy of ours (`hf_mixtral`), so shapes and values match."""
+    """(module, forward for `train_step`, after_backward) of the benchmarked model, under the
+    data-parallel engine. Both models start from the same seeded weights: HF's is a copy of
+    ours (`hf_mixtral`), so shapes and values match."""
+    compute, state = dtypes(args, config)
     torch.manual_seed(0)
-    model = MoEForCausalLM(config, device=device)
+    model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
     if args.model == "hf":
         from .hf_baseline import hf_mixtral, hf_training_loss
 
         hf = hf_mixtral(model, "grouped_mm")
         del model  # only HF's copy of the weights stays on the device
+        after_backward = None
+        if args.engine == "replicated":
+            after_backward = lambda: distributed.average_gradients(hf, layout)  # noqa: E731
+        else:
+            hf.to(state)
+            distributed.fully_shard_decoder(hf, hf.model.layers,
+                                            mp_policy=distributed.mixed_precision(compute, state))
         # HF shifts labels=input_ids itself: the targets next_token_targets gives ours
-        return hf, lambda inputs, targets: hf_training_loss(hf, inputs)
+        return hf, lambda inputs, targets: hf_training_loss(hf, inputs), after_backward
     model.set_expert_backend(args.backend)
     model.set_precision(args.precision)
     distributed.shard_experts(model, layout)
-    return model, None
+    return model, None, parallelize(model, args, layout, compute, state)
 
 
 def bench(args, device) -> dict:
-    """Training-step throughput of one (dp, ep) layout, per GPU, with the all-to-all share.
-    `--model hf`: the HF baseline instead of ours, data parallel only (same optimizer, same
-    gradient averaging, same batches)."""
+    """Training-step throughput of one (dp, ep) layout, per GPU, with the communication's share.
+    `--model hf`: the HF baseline instead of ours, data parallel only (same engine, same
+    optimizer, same batches)."""
     from torch.profiler import ProfilerActivity, profile
 
     from .train import TrainSettings, make_optimizer, train_step
@@ -168,19 +253,19 @@ def bench(args, device) -> dict:
         check_hf_args(args)
     world = dist.get_world_size()
     config = preset(args.preset)
-    if device.type == "cpu":
+    if device.type == "cpu" and args.dtype is None:
         config = config.with_overrides(dtype="float32")
+    compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     ids = _global_batch(config, world, args.batch, args.seq_len, device)
     rank = dist.get_rank()
     mine = ids[rank * args.batch:(rank + 1) * args.batch]
-    model, forward = _bench_model(args, config, layout, device)
+    model, forward, after_backward = _bench_model(args, config, layout, device)
     optimizer = make_optimizer(model, TrainSettings(lr=1e-5, steps=2, warmup_steps=0))
 
     def step():  # the training loop's step, timed as bench.py times it (no clipping, no sync)
         train_step(model, (mine, next_token_targets(mine)), optimizer, grad_clip=None,
-                   forward=forward, guard=False,
-                   after_backward=lambda: distributed.average_gradients(model, layout))
+                   forward=forward, guard=False, after_backward=after_backward)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timing = time_fn(step, warmup=args.warmup, iters=args.iters, device=device)
@@ -195,11 +280,13 @@ def bench(args, device) -> dict:
         kernels = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
         comm_ms = {kind: sum(e.self_device_time_total for e in kernels
                              if "nccl" in e.key.lower() and kind in e.key.lower()) / 1e3 / 3
-                   for kind in ("sendrecv", "alltoall", "allreduce")}
-    result = {"rank": rank, "dp": args.dp, "ep": args.ep, "world": world,
+                   for kind in NCCL_KERNELS}
+    result = {"rank": rank, "dp": args.dp, "ep": args.ep, "world": world, "engine": args.engine,
               "environment": environment() if rank == 0 else None, "preset": args.preset,
               "model": args.model, "backend": HF_BASELINE if args.model == "hf" else args.backend,
-              "precision": args.precision, "dtype": config.dtype,
+              "precision": args.precision, "dtype": DTYPE_NAMES[compute],
+              "state_dtype": DTYPE_NAMES[state],
+              "activation_checkpointing": args.activation_checkpointing,
               "batch_per_gpu": args.batch, "seq_len": args.seq_len,
               "median_ms": timing.median_ms, "tokens_per_s_per_gpu": tokens_per_s,
               "pflops_per_gpu": 6 * config.active_params_per_token() * tokens_per_s / 1e15,
@@ -216,20 +303,22 @@ def bench(args, device) -> dict:
 
 def train(args, device) -> dict:
     """Expert-parallel training on the shipped protein data with the course's loop
-    (`train.train`): each rank its own batches, gradients averaged after the backward pass,
-    clipped by the whole model's norm."""
+    (`train.train`): each rank its own batches, the gradients those of the global batch (the
+    engine's reduction), clipped by the whole model's norm."""
     from .data import load_protein_data
     from .train import TrainSettings, evaluate
     from .train import train as train_loop
 
     rank, world = dist.get_rank(), dist.get_world_size()
     config = preset(args.preset)
+    compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     data = load_protein_data(config.max_seq_len, max_sequences=args.max_sequences)
     torch.manual_seed(0)  # the same initial weights on every rank
-    model = MoEForCausalLM(config, device=device)
+    model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
     model.set_expert_backend(args.backend)
     distributed.shard_experts(model, layout)
+    after_backward = parallelize(model, args, layout, compute, state)
     settings = TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
                              warmup_steps=max(1, args.steps // 10), eval_every=0,
                              seed=rank)  # the seed of the data order: each rank its own batches
@@ -240,14 +329,14 @@ def train(args, device) -> dict:
             print(f"step {record['step']:>5}  loss {record['lm_loss']:.3f} (rank 0)", flush=True)
 
     history = train_loop(model, data.train, settings, on_step=log, progress=False,
-                         after_backward=lambda: distributed.average_gradients(model, layout),
+                         after_backward=after_backward,
                          clip_grad_norm=lambda max_norm: distributed.clip_grad_norm(
                              model, layout, max_norm))
     elapsed = time.perf_counter() - start
     losses = torch.tensor([r["lm_loss"] for r in history], device=device)
     dist.all_reduce(losses)  # one collective for the whole curve: the mean over ranks per step
     val = evaluate(model, data.val, args.batch, max_batches=4)
-    return {"rank": rank, "dp": args.dp, "ep": args.ep,
+    return {"rank": rank, "dp": args.dp, "ep": args.ep, "engine": args.engine,
             "history": [{"step": r["step"], "loss": loss / world, "elapsed_s": r["elapsed_s"]}
                         for r, loss in zip(history, losses.tolist())],
             "val_loss": val, "unigram_nats": data.unigram_nats,
@@ -257,7 +346,7 @@ def train(args, device) -> dict:
 MODES = {"check": check, "bench": bench, "train": train}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="moe_tutorial.train_dist", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=sorted(MODES), default="check")
@@ -266,7 +355,17 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=MODELS, default="ours",
                         help="bench mode: ours, or hf (transformers' MixtralForCausalLM with "
                              "grouped_mm experts, bf16, --ep 1)")
+    parser.add_argument("--engine", choices=ENGINES, default="fsdp2",
+                        help="fsdp2 (torch's fully_shard on the (dp, ep) mesh), or replicated "
+                             "(full copies, gradients averaged by hand: the baseline)")
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                        help="the compute dtype (default: the preset's; float32 for a CPU bench)")
+    parser.add_argument("--state-dtype", choices=sorted(DTYPES), default=None,
+                        help="fsdp2: the dtype of the sharded weights, their gradients and "
+                             "AdamW's moments (default: the compute dtype)")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each decoder layer in the backward pass")
     parser.add_argument("--backend", default="grouped_torch")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank")
@@ -285,11 +384,22 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.model != "ours" and args.mode != "bench":
         parser.error(f"--model {args.model} is for --mode bench only")
+    return args
+
+
+def run(args: argparse.Namespace, device: torch.device) -> dict:
+    """This rank's result of `args.mode`, in an initialised process group (torchrun's, or a
+    test's `ranks.run`)."""
+    if args.ep is None:
+        args.ep = dist.get_world_size() // args.dp
+    return MODES[args.mode](args, device)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     device = _setup()
     try:
-        if args.ep is None:
-            args.ep = dist.get_world_size() // args.dp
-        result = MODES[args.mode](args, device)
+        result = run(args, device)
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, result)
         if dist.get_rank() == 0:

@@ -29,11 +29,15 @@ def _check(*args):
 
 @pytest.mark.parametrize("layout, backend", [(("--dp", "1", "--ep", "2"), "grouped_torch"),
                                              (("--dp", "1", "--ep", "2"), "te_ops"),
-                                             (("--dp", "2", "--ep", "1"), "naive")])
+                                             (("--dp", "2", "--ep", "1"), "naive"),
+                                             (("--dp", "1", "--ep", "2", "--engine", "replicated"),
+                                              "grouped_torch")])
 def test_distributed_equals_single_process(layout, backend):
+    engine = layout[-1] if "--engine" in layout else "fsdp2"
     for r in _check(*layout, "--backend", backend):
         assert r["max_rel_error"] < TOLERANCE, r
-    if layout[-1] == "2":
+        assert r["engine"] == engine and r["sharded"] == (engine == "fsdp2"), r
+    if "--ep" in layout and layout[layout.index("--ep") + 1] == "2":
         assert r["path"].startswith("EP 1/2 (experts 2..3)")
 
 

@@ -51,6 +51,14 @@ def test_the_plan_runs_ours_in_every_layout_and_precision_then_hf_data_parallel(
         ("hf", "dp8×ep1", "bf16")]
     assert runs[-1].label == "HF grouped_mm" and runs[0].label == "ours (te_ops)"
     assert len(matrix.plan(8, [(8, 1)], ["bf16"], "te_ops", hf=False)) == 1
+    assert {r.engine for r in runs} == {"fsdp2"}
+    # the replicated baseline, on request: every row again, HF's too
+    both = matrix.plan(8, [(4, 2)], ["bf16"], "te_ops", engines=("fsdp2", "replicated"))
+    assert [(r.label, r.engine) for r in both] == [
+        ("ours (te_ops)", "fsdp2"), ("ours (te_ops), replicated", "replicated"),
+        ("HF grouped_mm", "fsdp2"), ("HF grouped_mm, replicated", "replicated")]
+    with pytest.raises(ValueError, match=r"unknown engine\(s\) \['ddp'\]"):
+        matrix.plan(8, [(8, 1)], ["bf16"], "te_ops", engines=("ddp",))
     with pytest.raises(ValueError, match=r"unknown precision\(s\) \['fp4'\]"):
         matrix.plan(8, [(8, 1)], ["fp4"], "te_ops")
 
@@ -74,9 +82,10 @@ def test_dry_run_prints_the_8_gpu_commands(capsys, tmp_path):
         assert "-m torch.distributed.run --standalone --nproc_per_node=8 -m " \
                "moe_tutorial.train_dist --mode bench" in command
         assert "--preset mixtral-7l --batch 2 --seq-len 4096" in command
-    assert "--model ours --dp 1 --ep 8 --precision fp8 --backend te_ops" in commands[1]
+    assert "--model ours --engine fsdp2 --dp 1 --ep 8 --precision fp8 --backend te_ops" \
+        in commands[1]
     assert commands[-1].split("train_dist ")[1].startswith(
-        "--mode bench --model hf --dp 8 --ep 1 --precision bf16 --preset")
+        "--mode bench --model hf --engine fsdp2 --dp 8 --ep 1 --precision bf16 --preset")
 
 
 def test_layout_errors_stop_the_driver_before_anything_runs(capsys):

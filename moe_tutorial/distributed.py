@@ -305,49 +305,8 @@ def clip_grad_norm(model: nn.Module, layout: Layout, max_norm: float) -> torch.T
 
 
 # ---------------------------------------------------------------------------------------------
-# What a (dp, ep) layout costs, computed from the config alone (no process group, no weights):
-# the parameters and training state one rank holds, and the bytes its collectives move per step.
-
-def training_state_per_rank(config, dp: int, ep: int, *, bytes_per_param: int | None = None,
-                            fsdp: bool = False) -> dict[str, float]:
-    """Parameters one rank of a (dp, ep) layout holds, and the bytes of its training state:
-    weights + gradients + AdamW's two moments, all in the parameters' dtype as torch's AdamW
-    keeps them (4 × 2 bytes in bf16; `bytes_per_param` overrides, e.g. 16 for fp32 master
-    weights and moments with bf16 copies). `allreduce_buffer_bytes`: the flat copy of all
-    gradients `average_gradients` makes after the backward pass, when the state is complete.
-    Where every rank holds all experts, state + buffer is the step's peak (compare `mixtral-2l`'s
-    measured peak in the 1-GPU row of benchmarks/results/h200x2.json); with experts sharded the
-    forward's activations can peak higher. Activations and communication buffers come on top of the state.
-
-    `fsdp=True`: FSDP2 (`fully_shard`, what NVIDIA's Mixtral recipe calls "data parallel")
-    over all dp × ep ranks instead of replicas — every rank keeps 1/(dp·ep) of each parameter
-    (the dense ones split over all ranks, each ep shard of the experts over its dp group) and
-    only that slice's gradient and optimizer state. What it adds instead of the all-reduce
-    buffer (`allreduce_buffer_bytes` is 0): for each layer's forward and backward it all-gathers
-    that layer's full weights and frees them afterwards — `gathered_layer_bytes`, one decoder
-    layer's unsharded weights (with its ep shard of the experts) in the parameters' dtype, on
-    top of the state while the layer runs (more with prefetching of the next layer)."""
-    check_layout(dp * ep, dp, ep, config.num_experts)
-    counts = config.parameter_counts()
-    per_param = bytes_per_param or 4 * config.torch_dtype.itemsize
-    itemsize = config.torch_dtype.itemsize
-    expert, dense = counts["expert"] // ep, counts["dense"]
-    if not fsdp:
-        return {"expert_params": expert, "dense_params": dense, "params": expert + dense,
-                "bytes_per_param": per_param, "state_bytes": (expert + dense) * per_param,
-                "allreduce_buffer_bytes": (expert + dense) * itemsize, "fsdp": False,
-                "gathered_layer_bytes": 0}
-    world = dp * ep
-    # rounded up; FSDP2 splits each tensor along dim 0 and pads it, a few elements ignored here
-    expert, dense = -(-expert // dp), -(-dense // world)
-    embed = config.vocab_size * config.hidden_size
-    per_layer = (counts["expert"] // ep + counts["dense"] - 2 * embed - config.hidden_size) \
-        // config.num_layers
-    return {"expert_params": expert, "dense_params": dense, "params": expert + dense,
-            "bytes_per_param": per_param, "state_bytes": (expert + dense) * per_param,
-            "allreduce_buffer_bytes": 0, "fsdp": True,
-            "gathered_layer_bytes": max(per_layer, embed) * itemsize}
-
+# What a (dp, ep) layout sends, computed from the config alone (no process group, no weights): the
+# bytes its collectives move per step (what it holds: `memory.predict`).
 
 def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
                            activation_bytes: int | None = None,

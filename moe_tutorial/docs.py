@@ -475,10 +475,11 @@ def _matrix_config(model: dict):
 
 def h200x2_matrix() -> str:
     """The matrix driver's own table (matrix.markdown_table) of its 2-GPU run, without its
-    line of expert paths (long and cut mid-word; the JSON has them), and the memory arithmetic
-    that sized the `mixtral-7l` preset."""
-    from .config import preset
-    from .matrix import markdown_table, predicted_state_gib
+    line of expert paths (long and cut mid-word; the JSON has them), and what the memory
+    prediction says of its largest rows."""
+    from dataclasses import replace
+
+    from .matrix import Run, Settings, markdown_table, predicted_peak_gib
     from .timing import datasheet_tflops
 
     name = "h200x2_matrix_mixtral-8l.json"
@@ -489,18 +490,71 @@ def h200x2_matrix() -> str:
     rows = {(r["layout"], r["precision"]): r for r in report["rows"]}
     bf16, fp8 = rows[("dp2×ep1", "bf16")], rows[("dp2×ep1", "fp8")]
     config = _matrix_config(report["model"])
+    settings = Settings(*(report["settings"][k]
+                          for k in ("preset", "batch", "seq_len", "warmup", "iters")))
+    # These runs predate FSDP2 as train_dist's engine: replicated weights, all-reduced gradients.
+    run = Run("ours", 2, 1, "bf16", report["settings"]["backend"], "replicated")
     hf_ran = any(r["model"] == "hf" for r in report["rows"])
     return (
         f"From {_link(name)}:\n\n{table}\n\n"
         f"MFU: PFLOP/s per GPU over the datasheet dense peak of the row's precision (bf16 "
         f"{datasheet_tflops(gpu, 'bf16'):g}, FP8 {datasheet_tflops(gpu, 'fp8'):g} TFLOP/s per "
-        f"GPU). dp2×ep1 bf16 peaked at {bf16['peak_memory_gb']:.1f} GiB per GPU against "
-        f"{bf16['predicted_state_gib']:.1f} GiB predicted for weights, gradients, AdamW moments and "
-        f"the all-reduce buffer; dp2×ep1 FP8 ({fp8['status']}) needs "
-        f"{predicted_state_gib(config, 2, 1, 'fp8'):.1f} GiB by the same arithmetic with TE's FP8 "
-        f"weight copies (`matrix.predicted_state_gib`), activations on top — which is why "
-        f"`mixtral-7l` has {preset('mixtral-7l').num_layers} layers."
+        f"GPU). These rows ran with replicated weights and a hand-written gradient all-reduce "
+        f"(now `--engine replicated`). dp2×ep1 bf16 peaked at {bf16['peak_memory_gb']:.1f} GiB "
+        f"per GPU against {predicted_peak_gib(config, run, settings):.1f} GiB predicted "
+        f"(`memory.predict`: weights, gradients, AdamW moments, the all-reduce buffer, "
+        f"activations); dp2×ep1 FP8 ({fp8['status']}) is predicted at "
+        f"{predicted_peak_gib(config, replace(run, precision='fp8'), settings):.1f} GiB: TE's "
+        f"FP8 weight copies are freed layer by layer in the backward pass, before the "
+        f"all-reduce, so memory does not explain that timeout."
         + ("" if hf_ran else " The HF row was not reached (the file ends incomplete)."))
+
+
+# The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.
+H200_GIB = 140
+
+
+def mixtral_8x7b_memory() -> str:
+    """`memory.mixtral_8x7b_table` for 8 H200s in bf16 and FP8 (computed, not measured), as
+    markdown, with the commands that would run its FSDP2 rows."""
+    from . import memory
+
+    lines = []
+    for precision in ("bf16", "fp8"):
+        rows, _ = memory.mixtral_8x7b_table(H200_GIB * 2**30, precision=precision)
+        settings = rows[0]["settings"]
+        recipe = f" ({settings['recipe']})" if settings.get("recipe") else ""
+        lines += [f"**{precision}{recipe}**, {settings['batch']} × {settings['seq_len']} tokens "
+                  f"per GPU, `{settings['backend']}` experts:", "",
+                  "| layout | state dtype | weights + grads + AdamW | FP8 weight copies "
+                  "| gathered weights + grad buffers | activations + logits | peak GiB (moment) "
+                  "| fits | why |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
+        for r in rows:
+            gib = memory.gib
+            lines.append(
+                f"| {r['layout']} | {r['state_dtype']} "
+                f"| {gib(r['parameters'] + r['gradients'] + r['optimizer_state']):.1f} "
+                f"| {gib(r['fp8_weight_copies']):.1f} "
+                f"| {gib(r['gathered_parameters'] + r['gradient_buffers']):.1f} "
+                f"| {gib(r['activations'] + r['logits']):.1f} "
+                f"| {gib(r['peak_bytes']):.1f} ({r['peak_phase']}) "
+                f"| {'yes' if r['fits'] else '**no**'} | {r['why']} |")
+        lines.append("")
+    reserve = round(100 * memory.RESERVE_FRACTION)
+    checkpointed = memory.predict(memory.preset("mixtral-8x7b"), batch=1, seq_len=4096, dp=8,
+                                  ep=1, engine="fsdp2", precision="fp8",
+                                  backend=memory.TABLE_BACKEND, state_dtype="float32",
+                                  activation_checkpointing=True)
+    lines.append(
+        f"FSDP2 dp8 × ep1 in FP8 with activation checkpointing: "
+        f"{memory.gib(checkpointed.peak):.1f} GiB ({checkpointed.peak_phase}).")
+    lines.append(
+        f"GPUs of {H200_GIB} GiB with {reserve}% kept for the CUDA context, NCCL and "
+        f"fragmentation. To run the FSDP2 rows on 8 GPUs: `torchrun --nproc_per_node=8 -m "
+        f"moe_tutorial.train_dist --mode bench --preset mixtral-8x7b --dp 8 --ep 1 "
+        f"--state-dtype float32 --batch 1 --seq-len 4096 --backend te_ops` (`--dp 4 --ep 2` for "
+        f"dp4 × ep2; `--precision fp8 --activation-checkpointing` for FP8 at dp8).")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,6 +624,7 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-history": h200_history,
         "h200x2-ep": h200x2_ep,
         "h200x2-matrix": h200x2_matrix,
+        "mixtral-8x7b-memory": mixtral_8x7b_memory,
     }
 
 

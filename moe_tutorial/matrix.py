@@ -28,8 +28,9 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 
-from . import distributed, train_dist
+from . import distributed, memory, train_dist
 from .config import preset
+from .experts import TE_BACKENDS
 
 PRECISIONS = ("bf16", "fp8")
 HF_LABEL = "HF grouped_mm"  # how tables name train_dist's `--model hf`
@@ -204,22 +205,17 @@ def model_description(name: str) -> dict:
             "active_params_per_token": counts["active_per_token"]}
 
 
-# TE's FP8 copies of the expert weights, per expert parameter: one byte each (an E4M3 copy kept
-# for the backward pass), in line with the peak-memory gap between the te.ops FP8 and bf16 steps
-# of mixtral-2l in benchmarks/results/h200.json.
-FP8_WEIGHT_COPY_BYTES = 1
-
-
-def predicted_state_gib(config, dp: int, ep: int, precision: str = "bf16",
-                        engine: str = "replicated") -> float:
-    """Weights + gradients + AdamW moments per GPU, with the replicated engine's gradient
-    all-reduce buffer or FSDP2's one gathered layer, plus TE's FP8 weight copies when
-    `precision` is fp8, in GiB (activations come on top): what decides whether a layout fits
-    (see the mixtral-7l preset)."""
-    state = distributed.training_state_per_rank(config, dp, ep, fsdp=engine == "fsdp2")
-    fp8_copies = FP8_WEIGHT_COPY_BYTES * state["expert_params"] if precision == "fp8" else 0
-    return (state["state_bytes"] + state["allreduce_buffer_bytes"]
-            + state["gathered_layer_bytes"] + fp8_copies) / 2**30
+def predicted_peak_gib(config, run: Run, settings: Settings) -> float | None:
+    """The peak memory per GPU `memory.predict` expects for one run of the matrix, in GiB: the
+    training state, TE's FP8 weight copies, FSDP2's gathered layers or the all-reduce buffer,
+    activations and logits, at their worst moment of the step (the HF baseline as our model
+    with the same shapes). None for FP8 without TE experts: such a run stops before its step."""
+    backend = run.backend if run.backend in memory.BACKENDS else "grouped_torch"
+    if run.precision != "bf16" and backend not in TE_BACKENDS:
+        return None
+    return memory.gib(memory.predict(
+        config, batch=settings.batch, seq_len=settings.seq_len, dp=run.dp, ep=run.ep,
+        engine=run.engine, precision=run.precision, backend=backend).peak)
 
 
 def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple[str, str],
@@ -251,8 +247,7 @@ def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple
     for i, run in enumerate(runs, 1):
         log(f"[{i}/{len(runs)}] {run.label} {run.layout} {run.precision} ...")
         row = run_one(run, settings, gpus, peaks[run.precision], timeout)
-        row["predicted_state_gib"] = predicted_state_gib(config, run.dp, run.ep, run.precision,
-                                                         run.engine)
+        row["predicted_peak_gib"] = predicted_peak_gib(config, run, settings)
         report["rows"].append(row)
         log("    " + row_summary(row))
         write_report(report, out)
@@ -430,11 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {len(runs)} runs of {name} on {args.gpus} processes; "
               f"experts: {backend} ({reason})")
         for run in runs:
-            state = predicted_state_gib(config, run.dp, run.ep, run.precision, run.engine)
-            buffer = "one gathered layer" if run.engine == "fsdp2" else "all-reduce buffer"
-            print(f"# {run.label} {run.layout} {run.precision}: weights + grads + AdamW + "
-                  f"{buffer}{' + FP8 weight copies' if run.precision == 'fp8' else ''} "
-                  f"{state:.1f} GiB per GPU, activations on top")
+            peak = predicted_peak_gib(config, run, settings)
+            print(f"# {run.label} {run.layout} {run.precision}: "
+                  + ("FP8 needs Transformer Engine experts" if peak is None else
+                     f"predicted peak {peak:.1f} GiB per GPU (memory.predict)"))
             print(shlex.join(train_dist.torchrun_command(args.gpus, *run.bench_args(settings))))
         return 0
     _check_gpus(args.gpus)

@@ -1,5 +1,5 @@
-"""The cost arithmetic of a (dp, ep) layout (`training_state_per_rank`, `communication_per_step`,
-both from `MoEConfig.parameter_counts`): checked against real models and against the bytes
+"""The communication arithmetic of a (dp, ep) layout (`communication_per_step`, from
+`MoEConfig.parameter_counts`; the memory arithmetic is tests/test_memory.py's): checked against real models and against the bytes
 `AllToAllDispatcher` really hands to its collectives (recorded in one process, with the
 collectives replaced by recording fakes: no process group needed)."""
 
@@ -9,41 +9,6 @@ import torch
 from moe_tutorial import distributed
 from moe_tutorial.config import preset
 from moe_tutorial.model import MoEForCausalLM
-
-
-def test_training_state_shards_the_experts_over_ep_only():
-    config = preset("mixtral-8x7b")
-    counts = config.parameter_counts()
-    dp8 = distributed.training_state_per_rank(config, dp=8, ep=1)
-    ep8 = distributed.training_state_per_rank(config, dp=1, ep=8)
-    assert dp8["params"] == counts["total"]
-    assert ep8["params"] == counts["expert"] // 8 + counts["dense"]
-    assert dp8["bytes_per_param"] == 8 and dp8["state_bytes"] == 8 * counts["total"]  # bf16
-    assert distributed.training_state_per_rank(preset("tiny"), 1, 2)["bytes_per_param"] == 16  # fp32
-    assert distributed.training_state_per_rank(config, 1, 8, bytes_per_param=16)["state_bytes"] == (
-        16 * ep8["params"])
-    with pytest.raises(ValueError, match="not divisible by ep=3"):
-        distributed.training_state_per_rank(config, 1, 3)
-
-
-def test_fsdp_shards_every_parameter_over_all_ranks():
-    config = preset("mixtral-8x7b")
-    counts = config.parameter_counts()
-    ep8 = distributed.training_state_per_rank(config, dp=1, ep=8)
-    for dp, ep in ((8, 1), (4, 2), (1, 8)):
-        fsdp = distributed.training_state_per_rank(config, dp, ep, fsdp=True)
-        assert fsdp["fsdp"] and fsdp["allreduce_buffer_bytes"] == 0
-        assert fsdp["params"] * 8 == pytest.approx(counts["total"], abs=16)  # 1/8 of everything
-        assert fsdp["expert_params"] == counts["expert"] // 8
-        assert fsdp["state_bytes"] == 8 * fsdp["params"]  # weights, gradients, 2 moments in bf16
-    fsdp8 = distributed.training_state_per_rank(config, 8, 1, fsdp=True)
-    assert fsdp8["state_bytes"] < ep8["state_bytes"]  # EP keeps the dense 1.6 B on every rank
-    # One decoder layer's full weights are gathered while it runs: 8 experts + attention, router.
-    layer = (counts["total"] - 2 * config.vocab_size * config.hidden_size - config.hidden_size) // 32
-    assert fsdp8["gathered_layer_bytes"] == 2 * layer
-    assert distributed.training_state_per_rank(config, 4, 2, fsdp=True)["gathered_layer_bytes"] < (
-        fsdp8["gathered_layer_bytes"])  # with ep2 a layer holds only its 4 local experts
-    assert distributed.training_state_per_rank(config, 8, 1)["gathered_layer_bytes"] == 0
 
 
 def test_allreduce_volumes_per_layout():

@@ -1,10 +1,14 @@
-"""A Mixtral-compatible MoE causal language model, small enough to hold in your head.
+"""A MoE causal language model (Mixtral by default), small enough to hold in your head.
 
     tokens → embedding → N × [ RMSNorm → GQA attention (RoPE, causal) → + residual
-                               RMSNorm → MoE block (router → top-k experts) → + residual ]
+                               RMSNorm → MoE block (router → top-k experts
+                                                    [+ shared expert]) → + residual ]
            → RMSNorm → lm_head → logits
 
-Module and parameter names follow HF transformers 5's `MixtralForCausalLM`, so a state dict
+The config's architecture fields add what other transformers families do differently (q/k
+RMSNorm, attention biases, clip_qkv, sigmoid and group-limited routing, a shared expert):
+`families.py` says which family has which, and maps their configs. Module and parameter names
+follow HF transformers 5's (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`, ...), so a state dict
 moves between the two unchanged: `MoEForCausalLM.from_hf(hf_model)` and `to_hf_state_dict()`.
 The MoE block is `routing.Router` → a token dispatcher → `experts.ExpertMLP`; its
 `expert_backend` (naive loop, grouped GEMM, TE...) can be switched on a live model without
@@ -28,16 +32,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import hardware, recipes
-from .config import DTYPES, MIXTRAL_FIELDS, MoEConfig
+from . import families, hardware, recipes
+from .config import DTYPES, MoEConfig
 from .experts import TE_BACKENDS, ExpertMLP, convert_experts
 from .routing import Router, load_balancing_loss
 
@@ -220,16 +224,27 @@ class Attention(nn.Module):
     In bf16 the projections are four `nn.Linear`, like HF's. Under FP8 (`use_te_linear`) they
     become Transformer Engine modules: q, k and v one `te.Linear` (`qkv_proj`) whose weight is
     split into the parameters `q_proj_weight`, `k_proj_weight`, `v_proj_weight` (one GEMM and
-    one FP8 cast of the input instead of three), o_proj a `te.Linear`."""
+    one FP8 cast of the input instead of three), o_proj a `te.Linear`.
+
+    The families' variants (config fields): biases on the projections; `q_norm`/`k_norm`, an
+    RMSNorm on q and k before RoPE, over each head's dimensions (Qwen3-MoE) or over the whole
+    projection (OLMoE), which keeps attention logits from growing without bound; `clip_qkv`."""
 
     def __init__(self, cfg: MoEConfig, *, dtype=None, device=None):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        kw = dict(bias=False, dtype=dtype, device=device)
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * cfg.head_dim, **kw)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, **kw)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * cfg.head_dim, **kw)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, **kw)
+        self.qk_norm, self.clip_qkv = cfg.qk_norm, cfg.clip_qkv
+        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        kw = dict(dtype=dtype, device=device)
+        self.q_proj = nn.Linear(cfg.hidden_size, q_width, bias=cfg.qkv_bias, **kw)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_width, bias=cfg.qkv_bias, **kw)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_width, bias=cfg.qkv_bias, **kw)
+        self.o_proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.o_proj_bias, **kw)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm != "none":
+            per_head = cfg.qk_norm == "per_head"
+            self.q_norm = RMSNorm(cfg.head_dim if per_head else q_width, cfg.norm_eps, **kw)
+            self.k_norm = RMSNorm(cfg.head_dim if per_head else kv_width, cfg.norm_eps, **kw)
         self.qkv_proj = None
 
     @torch.no_grad()
@@ -266,9 +281,16 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = rotary(q.view(batch, seq, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = rotary(k.view(batch, seq, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = v.view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.qk_norm == "across_heads":
+            q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
         with sdpa_kernel(ATTENTION_BACKENDS, set_priority=True):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  enable_gqa=self.num_kv_heads != self.num_heads)
@@ -299,22 +321,55 @@ class LocalDispatcher(nn.Module):
         return experts.hf_weights()
 
 
+class SharedExpert(nn.Module):
+    """A dense SwiGLU MLP every token passes through beside its routed experts (Qwen2-MoE's
+    `shared_expert`; DeepSeek-V3's `shared_experts`, n of them being one MLP n times as wide):
+    what every token needs is learnt once here instead of by every routed expert."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=None, device=None):
+        super().__init__()
+        kw = dict(bias=False, dtype=dtype, device=device)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 class MoEBlock(nn.Module):
-    """Router (`gate`) → `dispatcher` → `experts`. The dispatcher is `LocalDispatcher` until
-    `distributed.shard_experts` swaps in the all-to-all one and leaves `experts` holding this
-    rank's shard. Returns the layer output and the router logits (for the aux loss)."""
+    """Router (`gate`) → `dispatcher` → `experts`, plus, where the config has one, a
+    `shared_expert` whose output is added (scaled by sigmoid(`shared_expert_gate`(x)) where the
+    config gates it). The dispatcher is `LocalDispatcher` until `distributed.shard_experts`
+    swaps in the all-to-all one and leaves `experts` holding this rank's shard. Returns the
+    layer output and the router logits (for the aux loss)."""
 
     def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
         super().__init__()
-        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.top_k, dtype=dtype, device=device)
+        kw = dict(dtype=dtype, device=device)
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.top_k, scoring=cfg.router,
+                           normalize=cfg.norm_topk_prob, n_group=cfg.n_group,
+                           topk_group=cfg.topk_group, scaling_factor=cfg.routed_scaling_factor,
+                           **kw)
         self.dispatcher = LocalDispatcher()
         self.experts = ExpertMLP(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
-                                 expert_backend, dtype=dtype, device=device)
+                                 expert_backend, **kw)
+        self.shared_expert = self.shared_expert_gate = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = SharedExpert(cfg.hidden_size,
+                                              cfg.shared_expert_intermediate_size, **kw)
+        if cfg.shared_expert_gate:
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False, **kw)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         routing = self.gate(x)
-        out = self.dispatcher(x.reshape(-1, x.shape[-1]), routing.indices, routing.weights,
-                              self.experts)
+        flat = x.reshape(-1, x.shape[-1])
+        out = self.dispatcher(flat, routing.indices, routing.weights, self.experts)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(flat)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(flat)) * shared
+            out = out + shared
         return out.view_as(x), routing.logits
 
 
@@ -353,7 +408,8 @@ class CausalLMOutput:
 
 
 class MoEForCausalLM(nn.Module):
-    """Mixtral-style MoE language model. `model(input_ids, targets)` → `CausalLMOutput`."""
+    """MoE language model (Mixtral and the families of `families.py`).
+    `model(input_ids, targets)` → `CausalLMOutput`."""
 
     def __init__(self, config: MoEConfig, expert_backend: str = "grouped_torch", *, device=None):
         super().__init__()
@@ -369,15 +425,19 @@ class MoEForCausalLM(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) weights, ones for norms; the projections that write into the
-        residual stream (o_proj, down_proj) are scaled by 1/sqrt(2 * layers) (GPT-2's rule) so the
-        residual's variance does not grow with depth."""
+        """Normal(0, init_std) weights, ones for norms, zeros for biases; the projections that
+        write into the residual stream (o_proj, the experts' and shared expert's down_proj) are
+        scaled by 1/sqrt(2 * layers) (GPT-2's rule) so the residual's variance does not grow with
+        depth. (A sigmoid router's correction bias is a buffer: it starts at zero.)"""
         std = self.config.init_std
         residual_std = std / math.sqrt(2 * self.config.num_layers)
         for name, p in self.named_parameters():
-            if name.endswith("layernorm.weight") or name == "model.norm.weight":
+            if name.endswith("norm.weight"):
                 p.fill_(1.0)
-            elif name.endswith(("o_proj.weight", "experts.down_proj")):
+            elif name.endswith(".bias"):
+                p.zero_()
+            elif name.endswith(("o_proj.weight", "experts.down_proj",
+                                "shared_expert.down_proj.weight")):
                 p.normal_(0.0, residual_std)
             else:
                 p.normal_(0.0, std)
@@ -425,6 +485,11 @@ class MoEForCausalLM(nn.Module):
         if self.expert_backend not in TE_BACKENDS:
             raise ValueError(f"precision {precision!r} runs the experts through TE; switch them "
                              f"first: model.set_expert_backend('te_grouped_linear' or 'te_ops')")
+        if self.config.qkv_bias or self.config.o_proj_bias:
+            raise ValueError(f"precision {precision!r} fuses the attention projections into TE "
+                             f"modules, which are built without biases here; this model has "
+                             f"qkv_bias={self.config.qkv_bias}, o_proj_bias="
+                             f"{self.config.o_proj_bias}: train it in bf16")
         _check_backend_runs_recipe(self.expert_backend, choice, caps)
         self.precision, self._recipe = choice, choice.build()
         for layer in self.model.layers:
@@ -465,51 +530,55 @@ class MoEForCausalLM(nn.Module):
             out.loss = out.lm_loss + self.config.aux_loss_coef * out.aux_loss
         return out
 
+    # --- aux-loss-free load balancing -------------------------------------------------------
+    def update_router_biases(self) -> None:
+        """DeepSeek-V3's balancing step, to call after each optimizer step: every layer's
+        sigmoid router moves its correction bias by `config.router_bias_update_rate` towards
+        balancing the tokens its experts received since the last call
+        (`routing.Router.update_correction_bias`). In a process group (train_dist) every rank
+        calls it at the same step and the counts are summed over all ranks first: each rank
+        routed its own tokens, and one bias for all of them keeps the replicas' routers the
+        same. Does nothing where the rate is 0."""
+        rate = self.config.router_bias_update_rate
+        if rate:
+            for layer in self.model.layers:
+                if dist.is_available() and dist.is_initialized():
+                    dist.all_reduce(layer.mlp.gate.tokens_since_bias_update)
+                layer.mlp.gate.update_correction_bias(rate)
+
     # --- HF transformers interoperability ---------------------------------------------------
     @classmethod
     def from_hf(cls, hf_model, expert_backend: str = "grouped_torch") -> MoEForCausalLM:
-        """An equivalent model from a transformers `MixtralForCausalLM` (weights copied).
+        """An equivalent model from a transformers causal LM of a supported family
+        (`families.FAMILIES`: MixtralForCausalLM, Qwen3MoeForCausalLM, ...; weights copied).
 
         A model it cannot represent exactly is refused, every differing field named
-        (`_mixtral_fields_not_implemented`). The loss is HF's with `output_router_logits=True`
+        (`families.unsupported_hf_options`). The loss is HF's with `output_router_logits=True`
         (HF adds the load-balancing loss only when asked; this model always does)."""
-        _check_is_mixtral_causal_lm(hf_model)
-        hf = hf_model.config
-        unsupported = _mixtral_fields_not_implemented(hf)
-        if unsupported:
-            raise ValueError(f"from_hf cannot represent this Mixtral model exactly: "
-                             f"{'; '.join(unsupported)}. Convert a model with the supported "
-                             f"values, or build one here with MoEConfig")
+        _check_is_causal_lm(hf_model)
         first = next(hf_model.parameters())
         dtype = str(first.dtype).removeprefix("torch.")
         if dtype not in DTYPES:
             raise ValueError(f"the HF model's weights are {first.dtype}; this model runs in "
                              f"{sorted(DTYPES)}: convert them first, e.g. "
                              f"hf_model.to(torch.float32)")
-        read = {name: (hf_name, getattr(hf, hf_name)) for name, hf_name in MIXTRAL_FIELDS.items()}
-        read["rope_theta"] = ("rope_parameters['rope_theta']",
-                              (hf.rope_parameters or {}).get("rope_theta", hf.default_theta))
-        try:
-            config = MoEConfig(dtype=dtype, **{name: value for name, (_, value) in read.items()})
-        except ValueError as exc:  # name the fields as the HF config spells them
-            culprits = ", ".join(f"{hf_name}={value!r}" for name, (hf_name, value) in read.items()
-                                 if re.search(rf"\b{name}\b", str(exc)))
-            raise ValueError(f"the HF model's config ({culprits}) does not describe a model this "
-                             f"package builds: {exc}") from None
+        config = MoEConfig.from_hf_config(hf_model.config, dtype=dtype)
         model = cls(config, "grouped_torch", device=first.device)  # HF layout, then convert
-        state = _normalise_hf_keys(hf_model.state_dict())
+        state = {families.hf_key_to_ours(k): v for k, v in hf_model.state_dict().items()}
         ours = set(model.state_dict())
         missing, unexpected = ours - set(state), set(state) - ours
-        if missing or unexpected:  # e.g. a Mixtral with adapters or biases added
-            raise ValueError(f"the HF model's weights are not a Mixtral's: missing "
+        if missing or unexpected:  # e.g. a model with adapters added
+            name = families.FAMILIES[config.family].causal_lm
+            raise ValueError(f"the HF model's weights are not a {name}'s: missing "
                              f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; convert "
-                             f"a plain MixtralForCausalLM (merge any adapters first)")
+                             f"a plain {name} (merge any adapters first)")
         model.load_state_dict(state)
         return model.set_expert_backend(expert_backend)
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """A state dict that transformers' `MixtralForCausalLM.load_state_dict` accepts (TE
-        experts are converted back to the stacked HF layout; TE's `_extra_state` is dropped).
+        """A state dict that the family's transformers model (`MixtralForCausalLM`, ...)
+        `load_state_dict` accepts (TE experts are converted back to the stacked HF layout; TE's
+        `_extra_state` is dropped).
 
         With the experts sharded over an ep group (`distributed.shard_experts`) every layer's
         experts are all-gathered from the group: a collective, so every rank of the group must
@@ -523,7 +592,19 @@ class MoEForCausalLM(nn.Module):
             gate_up, down = layer.mlp.dispatcher.full_hf_weights(layer.mlp.experts)
             state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
             state[f"model.layers.{i}.mlp.experts.down_proj"] = down
-        return state
+        return {families.our_key_to_hf(k, self.config.family): v for k, v in state.items()}
+
+    def hf_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's gradient under its name in `to_hf_state_dict()` (after a backward
+        pass), experts in HF's stacked layout whatever the backend: what a comparison with the
+        HF model's own gradients reads. The experts must not be sharded."""
+        grads = {name: p.grad for name, p in self.named_parameters()
+                 if ".mlp.experts." not in name}
+        for i, layer in enumerate(self.model.layers):
+            gate_up, down = layer.mlp.experts.hf_gradients()
+            grads[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
+            grads[f"model.layers.{i}.mlp.experts.down_proj"] = down
+        return {families.our_key_to_hf(k, self.config.family): v for k, v in grads.items()}
 
 
 def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
@@ -538,59 +619,14 @@ def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
             "te_grouped_linear backend for block scaling, or precision 'fp8' with te_ops")
 
 
-def _check_is_mixtral_causal_lm(hf_model) -> None:
+def _check_is_causal_lm(hf_model) -> None:
+    supported = families.supported_classes()
     if not isinstance(hf_model, nn.Module):
-        raise ValueError(f"from_hf takes a transformers MixtralForCausalLM, a model with weights; "
-                         f"got a {type(hf_model).__name__}: build one with "
-                         f"MixtralForCausalLM(config) or load one with from_pretrained")
-    model_type = getattr(getattr(hf_model, "config", None), "model_type", None)
-    if model_type != "mixtral":
-        raise ValueError(f"from_hf converts Mixtral models only; {type(hf_model).__name__} is "
-                         f"model_type={model_type!r}, whose layers this model does not have: "
-                         f"convert a MixtralForCausalLM, or build a model here with MoEConfig")
+        raise ValueError(f"from_hf takes a transformers causal LM, a model with weights "
+                         f"({supported}); got a {type(hf_model).__name__}: build one with "
+                         f"<Class>(config) or load one with from_pretrained")
+    family = families.family_of(getattr(hf_model, "config", None))
     if not isinstance(getattr(hf_model, "lm_head", None), nn.Module):
-        raise ValueError(f"from_hf takes a MixtralForCausalLM (with its lm_head); got a "
-                         f"{type(hf_model).__name__}: load MixtralForCausalLM.from_pretrained(...)")
-
-
-def _mixtral_fields_not_implemented(hf) -> list[str]:
-    """The values of a transformers `MixtralConfig` (transformers 5) that this model does not
-    compute, each as 'field=value (what it is; supported: ...)'.
-
-    MixtralConfig's fields: those in `config.MIXTRAL_FIELDS` and rope_parameters' rope_theta are
-    mapped onto MoEConfig; the ones below change the arithmetic and have one supported value;
-    the rest change nothing this model computes (use_cache, bos/eos_token_id, output_attentions,
-    output_hidden_states, output_router_logits: see `from_hf`)."""
-    heads_width = hf.hidden_size // hf.num_attention_heads
-    rope_type = (hf.rope_parameters or {}).get("rope_type", "default")  # legacy rope_scaling too
-    checks = [  # field, value, supported?, what it is, what is supported
-        ("hidden_act", hf.hidden_act, hf.hidden_act in ("silu", "swish"),
-         "the experts' activation", "'silu'"),
-        ("rope_type", rope_type, rope_type == "default",
-         "the RoPE variant in rope_parameters / rope_scaling", "'default' with any rope_theta"),
-        ("head_dim", hf.head_dim, hf.head_dim in (None, heads_width), "the attention head width",
-         f"None or hidden_size / num_attention_heads = {heads_width}"),
-        # A window at least max_position_embeddings wide covers every sequence this model takes.
-        ("sliding_window", hf.sliding_window,
-         hf.sliding_window is None or hf.sliding_window >= hf.max_position_embeddings,
-         "sliding-window attention",
-         f"None (the whole causal context) or >= max_position_embeddings="
-         f"{hf.max_position_embeddings}"),
-        ("attention_dropout", hf.attention_dropout, hf.attention_dropout == 0,
-         "dropout on the attention weights in training", "0.0"),
-        ("router_jitter_noise", hf.router_jitter_noise, hf.router_jitter_noise == 0,
-         "multiplicative noise on the router's input in training", "0.0"),
-        ("tie_word_embeddings", hf.tie_word_embeddings, not hf.tie_word_embeddings,
-         "lm_head sharing the embedding matrix", "False, as in Mixtral"),
-        ("pad_token_id", hf.pad_token_id, hf.pad_token_id is None,
-         "the embedding row HF's training gives no gradient",
-         "pad_token_id=None (from_pretrained(..., pad_token_id=None); the weights are the same)"),
-    ]
-    return [f"{field}={value!r} ({what}; supported: {supported})"
-            for field, value, ok, what, supported in checks if not ok]
-
-
-def _normalise_hf_keys(state: dict) -> dict:
-    """HF Mixtral keys → ours. They are the same in transformers 5 (`...mlp.gate.weight`,
-    `...mlp.experts.gate_up_proj`); early 5.x releases named the MoE block `block_sparse_moe`."""
-    return {k.replace(".block_sparse_moe.", ".mlp."): v for k, v in state.items()}
+        raise ValueError(f"from_hf takes a {family.causal_lm} (with its lm_head); got a "
+                         f"{type(hf_model).__name__}: load {family.causal_lm}"
+                         f".from_pretrained(...)")

@@ -1,8 +1,14 @@
 """Routing: which experts each token visits, and moving tokens to their experts and back.
 
-A router scores every token against every expert (one linear layer), turns the scores into
-probabilities with a softmax in fp32, keeps the top-k experts of each token and renormalises
-those k probabilities to sum to one — exactly what HF transformers' Mixtral does.
+A router scores every token against every expert (one linear layer) and turns the scores into
+the top-k experts of each token and their weights, by one of two rules:
+
+* `route` (Mixtral, Qwen-MoE, OLMoE): a softmax in fp32, the k most probable experts, their
+  probabilities renormalised to sum to one (Mixtral; HF's `norm_topk_prob` for the others);
+* `route_sigmoid` (DeepSeek-V3): independent sigmoid scores; a per-expert correction bias is
+  added for *choosing* the experts only (`group_limited_top_k`: within each token's best groups
+  of experts), while the weights are the unbiased scores, renormalised and scaled. Training moves
+  the bias towards balance (`update_correction_bias`) instead of adding a balancing loss.
 
 Experts are fast when each one sees its tokens as one contiguous block of rows. `permute`
 sorts the T x k token copies by expert, so expert e owns rows
@@ -29,9 +35,10 @@ from torch import nn
 
 @dataclass(frozen=True)
 class RouterOutput:
-    logits: torch.Tensor  # [T, E] raw scores, in the hidden states' dtype
-    weights: torch.Tensor  # [T, k] fp32 routing weights of the chosen experts (sum to 1)
-    indices: torch.Tensor  # [T, k] int64 chosen experts, most probable first
+    logits: torch.Tensor  # [T, E] raw scores, in the hidden states' dtype (sigmoid router: fp32)
+    weights: torch.Tensor  # [T, k] fp32 routing weights of the chosen experts (sum to 1 when
+    #                        normalised and unscaled)
+    indices: torch.Tensor  # [T, k] int64 chosen experts, highest (biased) score first
 
 
 def check_top_k(top_k: int, num_experts: int) -> None:
@@ -66,33 +73,123 @@ def _expert_out_of_range(expert: int, num_experts: int) -> ValueError:
                       f"expert indices run from 0 to {num_experts - 1}")
 
 
-def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax in fp32 → top-k → renormalise the k weights. Returns (weights fp32, indices)."""
+def _check_logits(logits: torch.Tensor, top_k: int, rule: str) -> None:
     if logits.dim() == 0:
-        raise ValueError("route needs router logits of shape [T, E] (or [E] for one token), got "
-                         "a 0-d tensor: pass one score per expert")
+        raise ValueError(f"{rule} needs router logits of shape [T, E] (or [E] for one token), "
+                         f"got a 0-d tensor: pass one score per expert")
     check_top_k(top_k, logits.shape[-1])
+
+
+def route(logits: torch.Tensor, top_k: int,
+          normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax in fp32 → top-k → renormalise the k weights to sum to one (`normalize=False`:
+    keep the k probabilities as they are, HF's norm_topk_prob=False). Returns (weights fp32,
+    indices)."""
+    _check_logits(logits, top_k, "route")
     probs = torch.softmax(logits.float(), dim=-1)
     weights, indices = torch.topk(probs, top_k, dim=-1)
-    return weights / weights.sum(dim=-1, keepdim=True), indices
+    return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), indices
+
+
+def group_limited_top_k(scores: torch.Tensor, top_k: int, n_group: int,
+                        topk_group: int) -> torch.Tensor:
+    """The top_k experts of each token, chosen only among its `topk_group` best of `n_group`
+    equal groups of experts, a group scored by the sum of its two best experts (DeepSeek-V3's
+    node-limited routing: a group is the experts of one node, so each token's copies travel to
+    at most topk_group nodes). scores [..., E]; returns indices [..., top_k]."""
+    if n_group == 1:
+        return torch.topk(scores, top_k, dim=-1).indices
+    grouped = scores.unflatten(-1, (n_group, -1))  # [..., groups, experts per group]
+    group_scores = torch.topk(grouped, 2, dim=-1).values.sum(-1)
+    best_groups = torch.topk(group_scores, topk_group, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(-1, best_groups, True)
+    eligible = grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).flatten(-2)
+    return torch.topk(eligible, top_k, dim=-1).indices
+
+
+def route_sigmoid(logits: torch.Tensor, top_k: int, correction_bias: torch.Tensor | None = None,
+                  n_group: int = 1, topk_group: int = 1, normalize: bool = True,
+                  scaling_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3's routing (HF's `DeepseekV3TopkRouter`). Sigmoid scores in fp32; the experts
+    are chosen on score + `correction_bias` (group-limited: `group_limited_top_k`), but weighted
+    by their unbiased scores, renormalised to sum to one (`normalize`), times `scaling_factor`.
+    The bias only steers which experts are chosen, so balancing with it leaves the weights, and
+    the gradient, alone. Returns (weights fp32, indices)."""
+    _check_logits(logits, top_k, "route_sigmoid")
+    scores = torch.sigmoid(logits.float())
+    for_choice = scores.detach() if correction_bias is None else scores.detach() + correction_bias
+    indices = group_limited_top_k(for_choice, top_k, n_group, topk_group)
+    weights = scores.gather(-1, indices)
+    if normalize:  # HF's 1e-20 keeps all-zero scores (saturated sigmoids) from dividing by 0
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scaling_factor, indices
+
+
+def update_correction_bias(bias: torch.Tensor, tokens_per_expert: torch.Tensor,
+                           rate: float) -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing, in place: bias += rate * sign(mean load -
+    load). An overloaded expert's bias drops, so fewer tokens choose it next step, an idle
+    expert's rises, and no loss term pulls the model away from its language-modelling objective.
+    """
+    load = tokens_per_expert.float()
+    bias.add_(torch.sign(load.mean() - load), alpha=rate)
 
 
 class Router(nn.Module):
-    """The gate of a MoE layer (HF Mixtral's `MixtralTopKRouter`: one bias-free linear layer)."""
+    """The gate of a MoE layer: one bias-free linear layer scoring tokens against experts (HF's
+    `...TopKRouter`, reached as `mlp.gate`), then a routing rule: `route` (scoring="softmax",
+    `normalize` = HF's norm_topk_prob) or `route_sigmoid` (scoring="sigmoid").
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *, dtype=None, device=None):
+    A sigmoid router keeps its weight in fp32 and scores in fp32 (as HF keeps DeepSeek-V3's
+    `gate.weight`), and holds `e_score_correction_bias` (HF's name), a buffer moved by
+    `update_correction_bias`, not by the optimizer. For that update it counts the tokens each
+    expert received in forward passes in training mode since the last update
+    (`tokens_since_bias_update`)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *,
+                 scoring: str = "softmax", normalize: bool = True, n_group: int = 1,
+                 topk_group: int = 1, scaling_factor: float = 1.0, dtype=None, device=None):
         super().__init__()
         check_top_k(top_k, num_experts)
-        self.top_k = top_k
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=dtype, device=device))
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring={scoring!r} is not 'softmax' or 'sigmoid'")
+        self.top_k, self.scoring, self.normalize = top_k, scoring, normalize
+        self.n_group, self.topk_group, self.scaling_factor = n_group, topk_group, scaling_factor
+        sigmoid = scoring == "sigmoid"
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device,
+                                               dtype=torch.float32 if sigmoid else dtype))
+        # None buffers for a softmax router: not in its state dict.
+        self.register_buffer("e_score_correction_bias", torch.zeros(
+            num_experts, dtype=torch.float32, device=device) if sigmoid else None)
+        self.register_buffer("tokens_since_bias_update", torch.zeros(
+            num_experts, dtype=torch.int64, device=device) if sigmoid else None, persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> RouterOutput:
         if hidden.dim() == 0 or hidden.shape[-1] != self.weight.shape[1]:
             raise ValueError(f"the router takes hidden states [..., {self.weight.shape[1]}], got "
                              f"shape {tuple(hidden.shape)}: pass the layer's hidden states")
-        logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), self.weight)
-        weights, indices = route(logits, self.top_k)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        if self.scoring == "softmax":
+            logits = F.linear(flat, self.weight)
+            weights, indices = route(logits, self.top_k, self.normalize)
+            return RouterOutput(logits, weights, indices)
+        logits = F.linear(flat.float(), self.weight)
+        weights, indices = route_sigmoid(logits, self.top_k, self.e_score_correction_bias,
+                                         self.n_group, self.topk_group, self.normalize,
+                                         self.scaling_factor)
+        if self.training:  # index_add, unlike bincount, needs no host sync
+            chosen = indices.reshape(-1)
+            self.tokens_since_bias_update.index_add_(0, chosen, torch.ones_like(chosen))
         return RouterOutput(logits, weights, indices)
+
+    @torch.no_grad()
+    def update_correction_bias(self, rate: float) -> None:
+        """Move `e_score_correction_bias` by `rate` towards balancing the tokens counted since
+        the last update (`routing.update_correction_bias`), then start counting afresh."""
+        if self.e_score_correction_bias is None:
+            raise ValueError("only a sigmoid router (scoring='sigmoid') has a correction bias")
+        update_correction_bias(self.e_score_correction_bias, self.tokens_since_bias_update, rate)
+        self.tokens_since_bias_update.zero_()
 
 
 def load_balancing_loss(router_logits: Sequence[torch.Tensor], top_k: int) -> torch.Tensor:

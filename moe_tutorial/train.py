@@ -185,6 +185,8 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
                                    f"{values[1] if grad_norm is not None else 'not computed'}")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    if isinstance(model, MoEForCausalLM):
+        model.update_router_biases()  # aux-loss-free balancing (sigmoid routers), else nothing
     return StepResult(loss, parts, grad_norm)
 
 

@@ -63,10 +63,10 @@ def starve_experts(experts: list[int]):
     """Routing that never picks `experts` (a test of ranks that receive no tokens)."""
     original = routing.route
 
-    def route(logits, top_k):
+    def route(logits, top_k, *options):
         logits = logits.clone()
         logits[:, experts] = -1e4
-        return original(logits, top_k)
+        return original(logits, top_k, *options)
 
     routing.route = route
     try:

@@ -188,12 +188,11 @@ def test_from_hf_converts_a_supported_field_exactly(case):
 
 
 def test_from_hf_names_another_model_type():
-    config = transformers.Qwen2MoeConfig(
-        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, num_experts=4, moe_intermediate_size=16,
-        shared_expert_intermediate_size=16)
-    hf = transformers.Qwen2MoeForCausalLM._from_config(config, dtype=torch.float32)
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), r"model_type='qwen2_moe'",
+    config = transformers.GraniteMoeConfig(  # a MoE family without a converter here
+        vocab_size=32, hidden_size=32, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
+    hf = transformers.GraniteMoeForCausalLM._from_config(config, dtype=torch.float32)
+    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), r"model_type='granitemoe'",
                        r"MixtralForCausalLM")
 
 

@@ -35,7 +35,9 @@ class CheckpointError(ValueError):
 @dataclass(frozen=True)
 class Checkpointing:
     """Where and how often `train.train` saves: every `every` steps and after the last one,
-    keeping the newest `keep` files in `directory`."""
+    keeping the newest `keep` files in `directory`. One process, one file per checkpoint;
+    `dist_checkpoint.ShardedCheckpointing` is its counterpart for a (dp, ep) run, with the same
+    two methods `train.train` calls."""
 
     directory: str | Path
     every: int = 100
@@ -44,6 +46,28 @@ class Checkpointing:
     def __post_init__(self):
         if self.every < 1 or self.keep < 1:
             raise ValueError(f"Checkpointing: every={self.every} and keep={self.keep} must be >= 1")
+
+    def save(self, model, optimizer, step: int, history: list[dict], settings: dict,
+             config: dict) -> None:
+        save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+              "rng": rng_state(), "history": history, "settings": settings, "config": config},
+             self.directory, step, self.keep)
+
+    def resume(self, model, optimizer, settings: dict, config: dict) -> tuple[int, list[dict]]:
+        """Load the newest checkpoint into the model and the optimizer; (its step, the history
+        up to it). Refuses one made with other settings or another model."""
+        state = load_latest(self.directory)
+        check_same_run(state, "settings", state["settings"], settings)
+        check_same_run(state, "model", state.get("config") or {}, config)
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"{state['path']} does not fit this model ({str(exc)[:300]}): was it saved with "
+                f"another expert backend or precision? Resume with the same ones") from exc
+        set_rng_state(state["rng"])
+        return state["step"], state["history"]
 
 
 def path_for(directory: str | Path, step: int) -> Path:

@@ -269,6 +269,12 @@ PRESETS: dict[str, MoEConfig] = {
     # The CPU course mode: trains on the protein data in a few minutes on 2 cores.
     "small": MoEConfig(hidden_size=128, intermediate_size=256, num_layers=4, num_heads=4,
                        num_kv_heads=2, num_experts=8, top_k=2, max_seq_len=256),
+    # The final chapter's own model: fine-grained experts (many narrow ones, several per token,
+    # as in Qwen3-MoE and OLMoE) on the protein data, small enough to train a few steps on a
+    # CPU in seconds; widths multiples of 64, as the fused grouped MLP needs.
+    "protein-moe-small": MoEConfig(hidden_size=256, intermediate_size=128, num_layers=4,
+                                   num_heads=4, num_kv_heads=2, num_experts=16, top_k=4,
+                                   max_seq_len=256),
     # Mixtral-8x7B's width with 2 layers: the single-GPU benchmark model.
     "mixtral-2l": MoEConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                             num_layers=2, num_heads=32, num_kv_heads=8, num_experts=8, top_k=2,

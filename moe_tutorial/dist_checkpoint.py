@@ -295,12 +295,13 @@ def _barrier() -> None:
 
 def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path, *,
          step: int, layout: Layout | None = None, async_save: bool = False,
-         keep: int | None = None) -> Path | Future:
+         keep: int | None = None, run: dict | None = None) -> Path | Future:
     """Save the model's and the optimizer's state as the checkpoint of `step` in
     `directory/step_{step:08d}/`; every rank calls it and writes only its own shards. `layout`:
     the (dp, ep) layout of the run (None: one process holding the whole model). `keep`: then
     delete all but the newest `keep` complete checkpoints, and the `.partial` folders of saves
-    that did not finish.
+    that did not finish. `run`: JSON-able facts of the run kept in `meta.json` beside the
+    tensors (`ShardedCheckpointing` keeps the training settings and the history there).
 
     Returns the checkpoint's path once it is complete on every rank. `async_save=True` returns
     at once, when the tensors are copied (training may go on changing them), with a Future of
@@ -326,7 +327,7 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
     meta = {"format": FORMAT, "step": step, "config": asdict(model.config),
             "optimizer_state": bool(optimizer.state),  # False before the optimizer's first step
             "saved_on": {"dp": dp, "ep": ep, "expert_backend": model.expert_backend},
-            "torch": torch.__version__}
+            "torch": torch.__version__, "run": run or {}}
 
     def complete() -> Path:
         if _is_coordinator():
@@ -453,3 +454,36 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
     for group, saved in zip(optimizer.param_groups, saved_groups):
         group.update(saved)
     return meta["step"]
+
+
+@dataclass(frozen=True)
+class ShardedCheckpointing:
+    """`checkpoint.Checkpointing` for a (dp, ep) run, the same two methods `train.train` calls:
+    every `every` steps and after the last one every rank saves its shards into `directory`
+    (the newest `keep` complete checkpoints kept), and a resumed run loads them on whatever
+    layout it has now. The training settings and the history travel in `meta.json`."""
+
+    directory: str | Path
+    layout: Layout | None
+    every: int = 100
+    keep: int = 3
+
+    def __post_init__(self):
+        if self.every < 1 or self.keep < 1:
+            raise ValueError(f"ShardedCheckpointing: every={self.every} and keep={self.keep} "
+                             f"must be >= 1")
+
+    def save(self, model, optimizer, step: int, history: list[dict], settings: dict,
+             config: dict) -> None:
+        save(model, optimizer, self.directory, step=step, layout=self.layout, keep=self.keep,
+             run={"settings": settings, "history": history})
+
+    def resume(self, model, optimizer, settings: dict, config: dict) -> tuple[int, list[dict]]:
+        """Load the newest complete checkpoint; (its step, the history up to it). Refuses one
+        made with other settings (the model's configuration `load` checks)."""
+        path = latest(self.directory)
+        run = _read_meta(path)["run"]
+        check_same_run({"path": path}, "settings", run.get("settings", {}), settings)
+        step = load(model, optimizer, self.directory, self.layout)
+        return step, run.get("history", [])
+

@@ -28,9 +28,8 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass
 
-from . import distributed, memory, train_dist
+from . import distributed, train_dist
 from .config import preset
-from .experts import TE_BACKENDS
 
 PRECISIONS = ("bf16", "fp8")
 HF_LABEL = "HF grouped_mm"  # how tables name train_dist's `--model hf`
@@ -206,16 +205,10 @@ def model_description(name: str) -> dict:
 
 
 def predicted_peak_gib(config, run: Run, settings: Settings) -> float | None:
-    """The peak memory per GPU `memory.predict` expects for one run of the matrix, in GiB: the
-    training state, TE's FP8 weight copies, FSDP2's gathered layers or the all-reduce buffer,
-    activations and logits, at their worst moment of the step (the HF baseline as our model
-    with the same shapes). None for FP8 without TE experts: such a run stops before its step."""
-    backend = run.backend if run.backend in memory.BACKENDS else "grouped_torch"
-    if run.precision != "bf16" and backend not in TE_BACKENDS:
-        return None
-    return memory.gib(memory.predict(
+    """`train_dist.predicted_peak_gib` for one run of the matrix (GiB; None: FP8 without TE)."""
+    return train_dist.predicted_peak_gib(
         config, batch=settings.batch, seq_len=settings.seq_len, dp=run.dp, ep=run.ep,
-        engine=run.engine, precision=run.precision, backend=backend).peak)
+        engine=run.engine, precision=run.precision, backend=run.backend)
 
 
 def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple[str, str],
@@ -310,6 +303,15 @@ def row_summary(row: dict) -> str:
             f"{row['pflops_per_gpu']:.3g} PFLOP/s/GPU; experts: {row['path'][:100]}")
 
 
+def _peak_cell(row: dict) -> str:
+    """The measured peak, with memory.predict's expectation beside it where the row has one
+    (rows recorded before the prediction existed have none)."""
+    peak, predicted = row["peak_memory_gb"], row.get("predicted_peak_gib")
+    if peak is None or predicted is None:
+        return _number(peak, ".1f")
+    return f"{peak:.1f} (predicted {predicted:.1f}, {100 * (predicted / peak - 1):+.0f}%)"
+
+
 def markdown_table(report: dict) -> str:
     """The matrix as a markdown table, with what was run above it and failures below."""
     env, model, settings = report["environment"], report["model"], report["settings"]
@@ -339,7 +341,7 @@ def markdown_table(report: dict) -> str:
                       _number(row["tokens_per_s_per_gpu"], ",.0f"),
                       _number(row["pflops_per_gpu"], ".3f"),
                       _percent(row_mfu(row, env.get("gpu"))),
-                      _number(vs_hf, ".2f"), _number(row["peak_memory_gb"], ".1f"),
+                      _number(vs_hf, ".2f"), _peak_cell(row),
                       _number(row["all_to_all_ms"], ".1f"),
                       _number(row.get("dp_collectives_ms", row["all_reduce_ms"]), ".1f"),
                       "ok"]

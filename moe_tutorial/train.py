@@ -209,9 +209,11 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
     `data`: packed windows ([n, seq_len + 1] token ids, batched and shuffled here), or a
     sequence of at least `steps` (inputs, targets) batches used in order. `forward`,
     `after_backward`, `clip_grad_norm`: see `train_step`. `checkpoint`: save there every
-    `checkpoint.every` steps and after the last; `resume=True` continues from the newest
-    checkpoint in that directory (`checkpoint.CheckpointError` if there is none, or it is
-    unreadable, or it was made with other settings or another model)."""
+    `checkpoint.every` steps and after the last (`checkpoint.Checkpointing`: one file; or
+    `dist_checkpoint.ShardedCheckpointing`: every rank of a (dp, ep) run its shards);
+    `resume=True` continues from the newest checkpoint in that directory
+    (`checkpoint.CheckpointError` if there is none, or it is unreadable, or it was made with
+    other settings or another model)."""
     s = settings
     if resume and checkpoint is None:
         raise ValueError("resume=True needs checkpoint=Checkpointing(directory) to resume from")
@@ -227,18 +229,8 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
     history: list[dict] = []
     first = 0
     if resume:
-        state = ckpt.load_latest(checkpoint.directory)
-        ckpt.check_same_run(state, "settings", state["settings"], _settings_dict(s))
-        ckpt.check_same_run(state, "model", state.get("config") or {}, _config_dict(model))
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise ckpt.CheckpointError(
-                f"{state['path']} does not fit this model ({str(exc)[:300]}): was it saved with "
-                f"another expert backend or precision? Resume with the same ones") from exc
-        ckpt.set_rng_state(state["rng"])
-        history, first = state["history"], state["step"]
+        first, history = checkpoint.resume(model, optimizer, _settings_dict(s),
+                                           _config_dict(model))
     batches = _batches(data, s.batch_size, s.seed, first)
     model.train()
     last = history[-1] if history else {}
@@ -276,10 +268,8 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
             record["val_loss"] = evaluate(model, val, s.batch_size, s.eval_batches)
         history.append(record)
         if checkpoint is not None and ((step + 1) % checkpoint.every == 0 or done):
-            ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                       "rng": ckpt.rng_state(), "history": history,
-                       "settings": _settings_dict(s), "config": _config_dict(model)},
-                      checkpoint.directory, step + 1, checkpoint.keep)
+            checkpoint.save(model, optimizer, step + 1, history, _settings_dict(s),
+                            _config_dict(model))
         bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
         if on_step is not None:
             on_step(record)

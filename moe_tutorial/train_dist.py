@@ -42,6 +42,7 @@ from torch.distributed.tensor import DTensor
 
 from . import distributed, routing
 from .config import DTYPES, preset
+from .dist_checkpoint import ShardedCheckpointing
 from .lesson import rel_error
 from .model import MoEForCausalLM, next_token_targets
 from .timing import environment, time_fn
@@ -241,6 +242,24 @@ def _bench_model(args, config, layout, device):
     return model, None, parallelize(model, args, layout, compute, state)
 
 
+def predicted_peak_gib(config, *, batch: int, seq_len: int, dp: int, ep: int, engine: str,
+                       precision: str, backend: str, state_dtype: str | None = None,
+                       activation_checkpointing: bool = False) -> float | None:
+    """What `memory.predict` expects one GPU of a bench run to peak at, in GiB, to set beside the
+    measured peak (the HF baseline, `backend` HF_BASELINE, as our model with its shapes and
+    grouped_torch experts). None for FP8 without TE experts: such a run stops before its step."""
+    from . import memory
+    from .experts import TE_BACKENDS
+
+    backend = backend if backend in memory.BACKENDS else "grouped_torch"
+    if precision != "bf16" and backend not in TE_BACKENDS:
+        return None
+    return memory.gib(memory.predict(
+        config, batch=batch, seq_len=seq_len, dp=dp, ep=ep, engine=engine,
+        precision=precision, backend=backend, state_dtype=state_dtype,
+        activation_checkpointing=activation_checkpointing).peak)
+
+
 def bench(args, device) -> dict:
     """Training-step throughput of one (dp, ep) layout, per GPU, with the communication's share.
     `--model hf`: the HF baseline instead of ours, data parallel only (same engine, same
@@ -281,6 +300,13 @@ def bench(args, device) -> dict:
         comm_ms = {kind: sum(e.self_device_time_total for e in kernels
                              if "nccl" in e.key.lower() and kind in e.key.lower()) / 1e3 / 3
                    for kind in NCCL_KERNELS}
+    peak_gb = (torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
+               else None)
+    predicted_gb = predicted_peak_gib(
+        config.with_overrides(dtype=DTYPE_NAMES[compute]), batch=args.batch,
+        seq_len=args.seq_len, dp=args.dp, ep=args.ep, engine=args.engine,
+        precision=args.precision, backend=args.backend if args.model == "ours" else HF_BASELINE,
+        state_dtype=DTYPE_NAMES[state], activation_checkpointing=args.activation_checkpointing)
     result = {"rank": rank, "dp": args.dp, "ep": args.ep, "world": world, "engine": args.engine,
               "environment": environment() if rank == 0 else None, "preset": args.preset,
               "model": args.model, "backend": HF_BASELINE if args.model == "hf" else args.backend,
@@ -290,8 +316,8 @@ def bench(args, device) -> dict:
               "batch_per_gpu": args.batch, "seq_len": args.seq_len,
               "median_ms": timing.median_ms, "tokens_per_s_per_gpu": tokens_per_s,
               "pflops_per_gpu": 6 * config.active_params_per_token() * tokens_per_s / 1e15,
-              "peak_memory_gb": (torch.cuda.max_memory_allocated(device) / 2**30
-                                 if device.type == "cuda" else None),
+              "peak_memory_gb": peak_gb, "predicted_peak_gb": predicted_gb,
+              "memory_prediction_error": (predicted_gb / peak_gb - 1 if peak_gb else None),
               "nccl_kernel_ms_per_step": comm_ms,
               "path": HF_PATH if args.model == "hf" else model.expert_paths()[0]}
     if args.breakdown:  # the step's time by part, communication included (CPU: gloo)
@@ -319,16 +345,20 @@ def train(args, device) -> dict:
     model.set_expert_backend(args.backend)
     distributed.shard_experts(model, layout)
     after_backward = parallelize(model, args, layout, compute, state)
+    # The same settings on every rank (a checkpoint holds one copy); each rank trains on its
+    # own share of the windows, as torch's DistributedSampler deals them out.
     settings = TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
-                             warmup_steps=max(1, args.steps // 10), eval_every=0,
-                             seed=rank)  # the seed of the data order: each rank its own batches
+                             warmup_steps=max(1, args.steps // 10), eval_every=0)
+    checkpointing = (ShardedCheckpointing(args.checkpoint_dir, layout, args.checkpoint_every)
+                     if args.checkpoint_dir else None)
     start = time.perf_counter()
 
     def log(record):
         if rank == 0 and record["step"] % max(1, args.steps // 10) == 0:
             print(f"step {record['step']:>5}  loss {record['lm_loss']:.3f} (rank 0)", flush=True)
 
-    history = train_loop(model, data.train, settings, on_step=log, progress=False,
+    history = train_loop(model, data.train[rank::world], settings, on_step=log, progress=False,
+                         checkpoint=checkpointing, resume=args.resume,
                          after_backward=after_backward,
                          clip_grad_norm=lambda max_norm: distributed.clip_grad_norm(
                              model, layout, max_norm))
@@ -378,12 +408,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--breakdown", action="store_true",
                         help="bench mode: also profile the step's time by part "
                              "(step_profile.StepBreakdown, as step_breakdown)")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="train mode: every rank saves its shards here "
+                             "(dist_checkpoint.ShardedCheckpointing)")
+    parser.add_argument("--checkpoint-every", type=int, default=100,
+                        help="train mode: steps between checkpoints (and one after the last)")
+    parser.add_argument("--resume", action="store_true",
+                        help="train mode: continue from the newest complete checkpoint in "
+                             "--checkpoint-dir, whatever layout saved it")
     parser.add_argument("--starve-rank", type=int, default=None,
                         help="check mode: route no token to this EP rank's experts")
     parser.add_argument("--out", default=None, help="rank 0 writes all ranks' results here")
     args = parser.parse_args(argv)
     if args.model != "ours" and args.mode != "bench":
         parser.error(f"--model {args.model} is for --mode bench only")
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume continues from a checkpoint: give its --checkpoint-dir")
     return args
 
 

@@ -4,6 +4,7 @@ over 2 `ranks.run` processes switches expert backend and precision and exports i
 dict like the unsharded model."""
 
 import copy
+import shutil
 
 import pytest
 import torch
@@ -110,13 +111,38 @@ def test_a_bad_layout_fails_the_launch_with_its_message():
         launch(2, "--mode", "check", "--dp", "2", "--ep", "2", timeout=300, echo=False)
 
 
-def test_expert_parallel_training_runs():
-    result = launch(2, "--mode", "train", "--steps", "8", "--batch", "4", "--max-sequences", "300",
-                    timeout=300, echo=False)
-    for r in result["results"]:
+TRAIN = ("--mode", "train", "--steps", "8", "--batch", "4", "--max-sequences", "300",
+         "--checkpoint-every", "4")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """8 steps of dp1 × ep2 training, every rank saving its shards at steps 4 and 8."""
+    directory = tmp_path_factory.mktemp("ep_run")
+    result = launch(2, *TRAIN, "--checkpoint-dir", str(directory), timeout=300, echo=False)
+    return directory, result["results"]
+
+
+def test_expert_parallel_training_runs(trained):
+    for r in trained[1]:
         losses = [h["loss"] for h in r["history"]]
         assert len(losses) == 8 and losses[-1] < losses[0]
         assert r["val_loss"] < 3.3
+
+
+def test_a_run_resumes_from_its_checkpoint_on_another_layout(trained):
+    """As if the run had died after step 4: drop the step-8 checkpoint, resume on dp2 × ep1
+    (replicated experts, FSDP2 over both ranks). Steps 5–8 see the same batches and the same
+    weights, so their losses are the uninterrupted run's (fp32 sums in another order)."""
+    directory, uninterrupted = trained
+    shutil.rmtree(directory / "step_00000008")
+    resumed = launch(2, *TRAIN, "--checkpoint-dir", str(directory), "--resume", "--dp", "2",
+                     "--ep", "1", timeout=300, echo=False)["results"]
+    want = [h["loss"] for h in uninterrupted[0]["history"]]
+    got = [h["loss"] for h in resumed[0]["history"]]
+    assert len(got) == 8  # steps 1–4 from the checkpoint's history (rank 0's records)
+    assert got[4:] == pytest.approx(want[4:], rel=1e-5)
+    assert (directory / "step_00000008").is_dir()  # saved again after the last step
 
 
 def test_expert_parallel_benchmark_reports_per_gpu_numbers():
@@ -126,6 +152,8 @@ def test_expert_parallel_benchmark_reports_per_gpu_numbers():
     for r in (rank0, rank1):
         assert r["tokens_per_s_per_gpu"] > 0 and r["pflops_per_gpu"] > 0 and r["median_ms"] > 0
         assert r["world"] == 2 and r["ep"] == 2
+        # memory.predict's expectation is there to set beside a GPU's measured peak
+        assert r["predicted_peak_gb"] > 0 and r["peak_memory_gb"] is None
 
 
 def test_a_launch_past_its_timeout_is_stopped():

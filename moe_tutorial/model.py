@@ -442,6 +442,21 @@ class MoEForCausalLM(nn.Module):
             else:
                 p.normal_(0.0, std)
 
+    @torch.no_grad()
+    def materialize(self, device) -> MoEForCausalLM:
+        """Give a model built on the meta device (`MoEForCausalLM(config, device="meta")`, then
+        sharded: `sharded_init`) real storage on `device`, for the parameters this rank holds
+        only. `to_empty` leaves every tensor uninitialised, so what construction set besides the
+        parameters is set again here: the sigmoid routers' buffers (the correction bias and
+        the token counts since its last update) start at zero. The RoPE tables need nothing:
+        `Rotary` computes them in every forward pass. Then fill the parameters:
+        `reset_parameters()` or a load (`sharded_init.load_hf_shards`)."""
+        self.to_empty(device=device)
+        for layer in self.model.layers:
+            for buffer in layer.mlp.gate.buffers():
+                buffer.zero_()
+        return self
+
     # --- the expert backend of every MoE layer --------------------------------------------
     @property
     def expert_backend(self) -> str:

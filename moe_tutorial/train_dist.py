@@ -115,10 +115,17 @@ def parallelize(model, args, layout, compute: torch.dtype, state: torch.dtype):
     return None
 
 
+def model_config(args, **overrides):
+    """The preset, with `--layers` if given (e.g. the deepest Mixtral-width model that fits)."""
+    if args.layers is not None:
+        overrides["num_layers"] = args.layers
+    return preset(args.preset, **overrides)
+
+
 def check(args, device) -> dict:
     """Distributed forward/backward vs the single-process model on the same global batch."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    config = preset(args.preset, aux_loss_coef=0.0)  # the aux loss is per rank (local balance)
+    config = model_config(args, aux_loss_coef=0.0)  # the aux loss is per rank (local balance)
     compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     # The reference computes in the compute dtype, as the layout's gathered layers do; the
@@ -271,7 +278,7 @@ def bench(args, device) -> dict:
     if args.model == "hf":
         check_hf_args(args)
     world = dist.get_world_size()
-    config = preset(args.preset)
+    config = model_config(args)
     if device.type == "cpu" and args.dtype is None:
         config = config.with_overrides(dtype="float32")
     compute, state = dtypes(args, config)
@@ -336,7 +343,7 @@ def train(args, device) -> dict:
     from .train import train as train_loop
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    config = preset(args.preset)
+    config = model_config(args)
     compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     data = load_protein_data(config.max_seq_len, max_sequences=args.max_sequences)
@@ -389,6 +396,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="fsdp2 (torch's fully_shard on the (dp, ep) mesh), or replicated "
                              "(full copies, gradients averaged by hand: the baseline)")
     parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="the preset with this many decoder layers (default: the preset's)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                         help="the compute dtype (default: the preset's; float32 for a CPU bench)")
     parser.add_argument("--state-dtype", choices=sorted(DTYPES), default=None,

@@ -41,8 +41,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from . import distributed, routing
-from .config import DTYPES, preset
+from .config import DTYPES, MoEConfig, preset
 from .dist_checkpoint import ShardedCheckpointing
+from .experts import TORCH_BACKENDS
 from .lesson import rel_error
 from .model import MoEForCausalLM, next_token_targets
 from .timing import environment, time_fn
@@ -108,7 +109,8 @@ def parallelize(model, args, layout, compute: torch.dtype, state: torch.dtype):
         distributed.checkpoint_activations(model)
     if args.engine == "replicated":
         return lambda: distributed.average_gradients(model, layout)
-    # Parameters only: the attention's RoPE tables (plain attributes) stay in the compute dtype.
+    # Built in the compute dtype, kept in the state dtype: FSDP2's policy casts each gathered
+    # layer back for its forward and backward passes.
     model.to(state)
     distributed.fully_shard_layout(model, layout, mp_policy=distributed.mixed_precision(compute,
                                                                                          state))
@@ -116,10 +118,36 @@ def parallelize(model, args, layout, compute: torch.dtype, state: torch.dtype):
 
 
 def model_config(args, **overrides):
-    """The preset, with `--layers` if given (e.g. the deepest Mixtral-width model that fits)."""
+    """The preset, with `--layers` if given (e.g. the deepest Mixtral-width model that fits);
+    with `--hf-checkpoint`, the checkpoint's own config.json."""
+    if args.hf_checkpoint:
+        from transformers import AutoConfig
+
+        return MoEConfig.from_hf_config(AutoConfig.from_pretrained(args.hf_checkpoint))
     if args.layers is not None:
         overrides["num_layers"] = args.layers
     return preset(args.preset, **overrides)
+
+
+def from_hf_checkpoint(args, config, layout, device, compute: torch.dtype,
+                       state: torch.dtype) -> MoEForCausalLM:
+    """Our model with the weights of an HF checkpoint (`--hf-checkpoint`, a `save_pretrained`
+    directory), no rank ever holding it whole: built on the meta device (no storage), its
+    experts sharded over ep and everything under FSDP2, then each rank allocates only its own
+    shards and reads only their rows from the safetensors files (`sharded_init`)."""
+    from .sharded_init import load_hf_shards
+
+    if args.engine != "fsdp2" or args.backend not in TORCH_BACKENDS:
+        raise ValueError(f"--hf-checkpoint loads into FSDP2 shards of stacked experts: use "
+                         f"--engine fsdp2 and --backend {' or '.join(TORCH_BACKENDS)}, not "
+                         f"--engine {args.engine} --backend {args.backend}")
+    model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device="meta")
+    model.set_expert_backend(args.backend)
+    distributed.shard_experts(model, layout)
+    parallelize(model, args, layout, compute, state)
+    model.materialize(device)
+    load_hf_shards(model, args.hf_checkpoint, layout)
+    return model
 
 
 def check(args, device) -> dict:
@@ -347,11 +375,15 @@ def train(args, device) -> dict:
     compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
     data = load_protein_data(config.max_seq_len, max_sequences=args.max_sequences)
-    torch.manual_seed(0)  # the same initial weights on every rank
-    model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
-    model.set_expert_backend(args.backend)
-    distributed.shard_experts(model, layout)
-    after_backward = parallelize(model, args, layout, compute, state)
+    if args.hf_checkpoint:
+        model, after_backward = from_hf_checkpoint(args, config, layout, device, compute,
+                                                   state), None
+    else:
+        torch.manual_seed(0)  # the same initial weights on every rank
+        model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
+        model.set_expert_backend(args.backend)
+        distributed.shard_experts(model, layout)
+        after_backward = parallelize(model, args, layout, compute, state)
     # The same settings on every rank (a checkpoint holds one copy); each rank trains on its
     # own share of the windows, as torch's DistributedSampler deals them out.
     settings = TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
@@ -417,6 +449,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--breakdown", action="store_true",
                         help="bench mode: also profile the step's time by part "
                              "(step_profile.StepBreakdown, as step_breakdown)")
+    parser.add_argument("--hf-checkpoint", default=None, metavar="DIR",
+                        help="train mode: start from a Hugging Face checkpoint (save_pretrained "
+                             "directory; its config.json replaces --preset), each rank reading "
+                             "only its shards")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="train mode: every rank saves its shards here "
                              "(dist_checkpoint.ShardedCheckpointing)")
@@ -431,6 +467,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.model != "ours" and args.mode != "bench":
         parser.error(f"--model {args.model} is for --mode bench only")
+    if args.hf_checkpoint and args.mode != "train":
+        parser.error("--hf-checkpoint is for --mode train")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume continues from a checkpoint: give its --checkpoint-dir")
     return args

@@ -19,7 +19,7 @@ LAYERS = [
     ("the experts", {"experts"}),
     ("the model, expert parallelism", {"model", "distributed"}),
     ("training (and resuming it), probes of a real step, what a step holds",
-     {"train", "checkpoint", "dist_checkpoint", "probes", "memory"}),
+     {"train", "checkpoint", "dist_checkpoint", "sharded_init", "probes", "memory"}),
     ("measurement", {"bench", "skew"}),
     ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course",
                                   "step_profile", "speed_of_light"}),

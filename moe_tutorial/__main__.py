@@ -1,4 +1,5 @@
-"""Command line: `python -m moe_tutorial info | train | bench`."""
+"""Command line: `python -m moe_tutorial info | train | bench | blackwell-dry-run | validate |
+speed-of-light | analyze | docs`."""
 
 from __future__ import annotations
 
@@ -267,8 +268,28 @@ def _speed_of_light(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_analyze(args: argparse.Namespace) -> None:
+    from .analyze import check_arguments
+
+    _check_output_file("--json", args.json, args.replace, make_parents=True)
+    check_arguments(args.model, batch=args.batch, seq_len=args.seq_len, gpus=args.gpus,
+                    gpu_gib=args.gpu_gib)
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from .analyze import analyze, format_report
+
+    report = analyze(args.model, batch=args.batch, seq_len=args.seq_len, gpus=args.gpus,
+                     gpu_gib=args.gpu_gib, sweep=False if args.no_sweep else None)
+    print(format_report(report))
+    if args.json:
+        _write_json(report, args.json)
+    return 0
+
+
 # Each command's checks of its arguments, run before any of its work (see `main`).
-_CHECKS = {"train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light}
+_CHECKS = {"train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
+           "analyze": _check_analyze}
 
 
 def _write_json(doc: dict, path: str) -> None:
@@ -408,6 +429,24 @@ def main(argv: list[str] | None = None) -> int:
     sol.add_argument("--replace", action="store_true",
                      help="replace an existing --out file (else it is refused)")
     sol.set_defaults(run=_speed_of_light)
+    an = sub.add_parser("analyze",
+                        help="the course's analysis of your own MoE: parameters, expert GEMM "
+                             "shapes, padding, fused-MLP conditions, memory per layout, and a "
+                             "recommendation (after a short sweep on a GPU)")
+    an.add_argument("model", help="a preset, a shipped config (qwen3-moe-30b-a3b, olmoe-1b-7b, "
+                                  "deepseek-v3), or the path of an HF config.json (or its "
+                                  "directory) or of a JSON file of MoEConfig fields")
+    an.add_argument("--batch", type=int, default=1, help="sequences per GPU (memory, layout)")
+    an.add_argument("--seq-len", type=int, default=None,
+                    help="tokens per sequence (default: 4096, or the model's max_seq_len)")
+    an.add_argument("--gpus", type=int, default=8, help="GPUs of the layouts (dp × ep)")
+    an.add_argument("--gpu-gib", type=float, default=140.0, help="memory of each GPU in GiB")
+    an.add_argument("--no-sweep", action="store_true",
+                    help="on a GPU, skip the measured sweep (recommend from the arithmetic)")
+    an.add_argument("--json", default=None, help="also write the report as JSON here")
+    an.add_argument("--replace", action="store_true",
+                    help="replace an existing --json file (else it is refused)")
+    an.set_defaults(run=_analyze)
     dc = sub.add_parser("docs", help="rewrite the README's generated regions from "
                                      "benchmarks/results/ (--check: fail where they disagree)")
     dc.add_argument("--check", action="store_true",

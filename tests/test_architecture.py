@@ -24,6 +24,7 @@ LAYERS = [
     ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course",
                                   "step_profile", "speed_of_light"}),
     ("the benchmark matrix, the decision sweep", {"matrix", "decide"}),
+    ("the analysis of a learner's own model", {"analyze"}),
     ("the README's numbers", {"docs"}),
     ("the command line", {"__main__"}),
 ]

@@ -53,7 +53,7 @@ HEAD_ROW = [("RMSNorm", BF16), (["lm_head", "bf16"], BF16),
             (["loss: cross-entropy (fp32)", "+ 0.02 × load balancing"], FP32)]
 BACKWARD_ROW = [("loss.backward()", WHITE),
                 (["every op's backward, in reverse;", "FP8 layers: dgrad + wgrad in FP8"], FP8),
-                (["EP only:", "average gradients"], WHITE), ("clip_grad_norm_(1.0)", WHITE),
+                (["several GPUs:", "reduce-scatter (FSDP2)"], WHITE), ("clip_grad_norm_(1.0)", WHITE),
                 (["AdamW step", "+ zero_grad"], OPTIM)]
 
 
@@ -65,7 +65,7 @@ def row(x: float, y: float, items, *,
         width = fit_width(label, size, pad=8)
         if i:
             parts.append(arrow(x - GAP, y + H / 2, x - 3, y + H / 2))
-        dashed = "4 3" if isinstance(label, list) and label[0] == "EP only:" else None
+        dashed = "4 3" if isinstance(label, list) and label[0] == "several GPUs:" else None
         parts.append(box(x, y, width, H, label, colour, size=size, dash=dashed,
                          stroke_width=1.6 if colour is FP8 else 1))
         spans.append((x, x + width))

@@ -527,10 +527,14 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
                                f"stopped:\n" + "".join(lines[-30:]))
         if returncode != 0 or not os.path.exists(out):
             # The ranks' own exception lines say what went wrong; torchrun's summary does not.
-            # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.)
+            # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.) A rank that died
+            # in C++ (SIGABRT, SIGSEGV) says so before torchrun's summary, in lines of its own.
             errors = [line for line in lines
                       if re.match(r"\[rank\d+\]: [\w.]*(Error|Exception)\b", line)]
-            detail = "".join(errors[:2]) or "".join(lines[-30:])
+            crashes = [line for line in lines if re.search(
+                r"terminate called|what\(\):|Fatal Python error|Segmentation fault|bad_alloc",
+                line)]
+            detail = "".join(errors[:2] + crashes[:4]) or "".join(lines[-30:])
             raise RuntimeError(f"{shlex.join(cmd)} failed (exit {returncode}):\n{detail}")
         with open(out) as f:
             return json.load(f)

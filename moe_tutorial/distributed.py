@@ -391,12 +391,12 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
                                  for layer in model.model.layers):
         raise ValueError(f"ep={layout.ep} but this model's experts are not sharded over ep: "
                          f"call distributed.shard_experts(model, layout) first")
-    dp_mesh, world_mesh = _mesh(layout.dp_group), _mesh(dist.group.WORLD)
+    dp_mesh = _mesh(layout.dp_group)
     options = {"reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         options["mp_policy"] = mp_policy
     # Innermost first: a module sharded already is skipped by its parent's fully_shard, so the
-    # experts keep their dp mesh and the layer takes only its dense parameters.
+    # experts keep their dp mesh and each layer then takes only its dense parameters.
     for layer in model.model.layers:
         experts = fully_shard(layer.mlp.experts, mesh=dp_mesh, **options)
         experts.set_gradient_divide_factor(float(layout.world))
@@ -404,9 +404,7 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
         # group, divides by the custom factor as it copies the gradient and again as the forced
         # SUM's post-division (the expert gradients came out divided by world twice).
         experts.set_force_sum_reduction_for_comms(dist.get_backend() == "gloo" and layout.dp > 1)
-        fully_shard(layer, mesh=world_mesh, **options)
-    fully_shard(model, mesh=world_mesh, **options)
-    return model
+    return fully_shard_decoder(model, model.model.layers, **options)
 
 
 def mixed_precision(compute_dtype: torch.dtype, state_dtype: torch.dtype):
@@ -455,14 +453,18 @@ def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
             for name, p in model.named_parameters() if p.grad is not None}
 
 
-def fully_shard_decoder(model: nn.Module, layers, *, mp_policy=None) -> nn.Module:
-    """FSDP2 for a model without expert parallelism (the HF baseline): every decoder layer in
-    `layers`, then the root, sharded over all ranks. Its gradients are the mean over all ranks
-    (FSDP2's default), as `average_gradients` makes them."""
+def fully_shard_decoder(model: nn.Module, layers, *, mp_policy=None,
+                        reshard_after_forward: bool = True) -> nn.Module:
+    """FSDP2 over all ranks for every decoder layer in `layers`, then the root: the whole of
+    the HF baseline (no expert parallelism), and the dense part of `fully_shard_layout`'s model
+    (whose experts it sharded first). Its gradients are the mean over all ranks (FSDP2's
+    default), as `average_gradients` makes them."""
     from torch.distributed.fsdp import fully_shard
 
     world_mesh = _mesh(dist.group.WORLD)
-    options = {} if mp_policy is None else {"mp_policy": mp_policy}
+    options = {"reshard_after_forward": reshard_after_forward}
+    if mp_policy is not None:
+        options["mp_policy"] = mp_policy
     for layer in layers:
         fully_shard(layer, mesh=world_mesh, **options)
     return fully_shard(model, mesh=world_mesh, **options)

@@ -490,8 +490,7 @@ def h200x2_matrix() -> str:
     rows = {(r["layout"], r["precision"]): r for r in report["rows"]}
     bf16, fp8 = rows[("dp2×ep1", "bf16")], rows[("dp2×ep1", "fp8")]
     config = _matrix_config(report["model"])
-    settings = Settings(*(report["settings"][k]
-                          for k in ("preset", "batch", "seq_len", "warmup", "iters")))
+    settings = Settings.from_report(report)
     # These runs predate FSDP2 as train_dist's engine: replicated weights, all-reduced gradients.
     run = Run("ours", 2, 1, "bf16", report["settings"]["backend"], "replicated")
     hf_ran = any(r["model"] == "hf" for r in report["rows"])

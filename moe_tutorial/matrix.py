@@ -45,6 +45,11 @@ class Settings:
     warmup: int
     iters: int
 
+    @classmethod
+    def from_report(cls, report: dict) -> Settings:
+        """The settings a matrix report (its JSON) was run with."""
+        return cls(**{name: report["settings"][name] for name in cls.__dataclass_fields__})
+
     def bench_args(self) -> list[str]:
         return ["--preset", self.preset, "--batch", str(self.batch), "--seq-len",
                 str(self.seq_len), "--warmup", str(self.warmup), "--iters", str(self.iters)]

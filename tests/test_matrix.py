@@ -105,8 +105,7 @@ def test_the_8_layer_matrix_s_memory_and_what_it_does_not_explain():
     report = json.loads(results_path("benchmarks/results/h200x2_matrix_mixtral-8l.json")
                         .read_text())
     rows = {(r["layout"], r["precision"]): r for r in report["rows"]}
-    settings = matrix.Settings(*(report["settings"][k]
-                                 for k in ("preset", "batch", "seq_len", "warmup", "iters")))
+    settings = matrix.Settings.from_report(report)
     config = preset("mixtral-7l", num_layers=report["model"]["layers"])
     assert config.parameter_counts()["total"] == report["model"]["total_params"]
     dp2 = matrix.Run("ours", 2, 1, "bf16", report["settings"]["backend"], "replicated")

@@ -193,9 +193,10 @@ def _bench(args: argparse.Namespace) -> int:
         return 0
     report = bench.run(device=args.device, shapes=args.shapes, routings=args.routings,
                        expert=not args.no_expert, train=not args.no_train,
-                       train_preset=args.preset, train_variants=args.train_variants,
-                       batch=args.batch, seq_len=args.seq_len, warmup=args.warmup,
-                       iters=args.iters, optimizer=args.optimizer, on_result=keep)
+                       train_preset=args.preset, train_layers=args.layers,
+                       train_variants=args.train_variants, batch=args.batch,
+                       seq_len=args.seq_len, warmup=args.warmup, iters=args.iters,
+                       optimizer=args.optimizer, on_result=keep)
     write({**report, "complete": True})
     if args.out:
         print(f"\nwrote {args.out}")
@@ -203,6 +204,8 @@ def _bench(args: argparse.Namespace) -> int:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         on_gpu = torch.device(device).type == "cuda"
         config = preset(args.preset or bench.default_preset(on_gpu))
+        if args.layers is not None:
+            config = config.with_overrides(num_layers=args.layers)
         seq_len = args.seq_len or bench.default_seq_len(config, on_gpu)
         print("\n" + bench.profile_train_step(config, variant, batch=args.batch or 2,
                                               seq_len=seq_len, device=device))
@@ -234,7 +237,8 @@ def _check_bench(args: argparse.Namespace) -> None:
     bench.check_run_arguments(device=args.device, shapes=args.shapes, routings=args.routings,
                               train_preset=args.preset, train_variants=args.train_variants,
                               batch=args.batch, seq_len=args.seq_len, warmup=args.warmup,
-                              iters=args.iters, optimizer=args.optimizer)
+                              iters=args.iters, optimizer=args.optimizer,
+                              train_layers=args.layers)
     for name in args.profile or []:
         bench.variant(name)
 
@@ -383,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--no-expert", action="store_true", help="skip the expert-layer benchmark")
     be.add_argument("--no-train", action="store_true", help="skip the training-step benchmark")
     be.add_argument("--preset", default=None, help="model of the training step (default by device)")
+    be.add_argument("--layers", type=int, default=None,
+                    help="the training step's model with this many layers (default: the preset's)")
     be.add_argument("--train-variants", nargs="+", default=None)
     be.add_argument("--batch", type=int, default=None)
     be.add_argument("--seq-len", type=int, default=None)

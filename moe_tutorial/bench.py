@@ -64,8 +64,13 @@ EXPERT_SHAPES = {s.name: s for s in (
     ExpertShape("mixtral", 8192, 4096, 14336, 8, 2),  # Mixtral 8x7B: few, large experts
     ExpertShape("fine_grained", 16384, 2048, 768, 64, 8),  # many small experts
     ExpertShape("small", 16384, 1024, 2816, 8, 2),  # the course's small GPU shape
+    # The shipped configs' expert layers (moe_tutorial/configs/; tests/test_bench.py checks these
+    # against analyze.expert_shape of each config): the fine-grained MoEs people train today.
+    ExpertShape("qwen3_30b_a3b", 16384, 2048, 768, 128, 8),  # Qwen3-MoE-30B-A3B
+    ExpertShape("olmoe_1b_7b", 16384, 2048, 1024, 64, 8),  # OLMoE-1B-7B
     ExpertShape("tiny", 512, 64, 128, 8, 2),  # CPU-sized: the harness's own tests
 )}
+FAMILY_SHAPES = ("qwen3_30b_a3b", "olmoe_1b_7b")
 ROUTINGS = ("balanced", "skewed")
 
 # Relative error (Frobenius norm) a variant's output may have against the bf16 loop before it is
@@ -395,10 +400,18 @@ def summarize(results: list[dict]) -> dict:
             return best[key] / train[name][key]
         return best[key] / train[name][key]
 
+    def fp8_vs_bf16(shape):  # > 1: FP8 pays for this shape; < 1: it loses, by this factor
+        bf16, fp8 = expert_best(shape, "bf16"), expert_best(shape, "fp8")
+        return fp8 / bf16 if bf16 and fp8 else None
+
     return {
         "expert_mixtral_best_bf16_speedup_vs_loop": expert_best("mixtral", "bf16"),
         "expert_mixtral_best_fp8_speedup_vs_loop": expert_best("mixtral", "fp8"),
         "expert_finegrained_best_speedup_vs_loop": expert_best("fine_grained"),
+        # The shipped configs' fine-grained shapes (many small experts, top-8)
+        **{f"expert_{shape}_best_bf16_speedup_vs_loop": expert_best(shape, "bf16")
+           for shape in FAMILY_SHAPES},
+        **{f"expert_{shape}_best_fp8_vs_best_bf16": fp8_vs_bf16(shape) for shape in FAMILY_SHAPES},
         "train_step_best_variant": best["variant"] if best else None,
         "train_step_speedup_vs_hf_eager": vs("hf_eager"),
         "train_step_speedup_vs_hf_grouped_mm": vs("hf_grouped_mm"),
@@ -459,7 +472,7 @@ def default_seq_len(config, on_gpu: bool) -> int:
 
 def check_run_arguments(*, device=None, shapes=None, routings=ROUTINGS, train_preset=None,
                         train_variants=None, batch=None, seq_len=None, warmup=None, iters=None,
-                        optimizer="torch_adamw") -> None:
+                        optimizer="torch_adamw", train_layers=None) -> None:
     """Refuse the arguments `run` would otherwise fail on only after minutes of measuring, or
     replace by its defaults without a word: unknown names, sizes out of range (None: the
     device's default). `run` calls it first; the command line calls it before starting."""
@@ -469,7 +482,8 @@ def check_run_arguments(*, device=None, shapes=None, routings=ROUTINGS, train_pr
 
     on_gpu = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
     for name, value, least in (("batch", batch, 1), ("seq_len", seq_len, 1),
-                               ("warmup", warmup, 0), ("iters", iters, 1)):
+                               ("warmup", warmup, 0), ("iters", iters, 1),
+                               ("layers", train_layers, 1)):
         if value is not None:
             check_count(name, value, least=least)
     for what, names, known in (("expert shape", shapes or [], EXPERT_SHAPES),
@@ -489,16 +503,18 @@ def check_run_arguments(*, device=None, shapes=None, routings=ROUTINGS, train_pr
 
 
 def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
-        train_preset=None, train_variants=None, batch=None, seq_len=None, warmup=None,
-        iters=None, optimizer="torch_adamw", log=print,
+        train_preset=None, train_layers=None, train_variants=None, batch=None, seq_len=None,
+        warmup=None, iters=None, optimizer="torch_adamw", log=print,
         on_result: Callable[[dict], None] | None = None) -> dict:
     """The whole benchmark, sized for the device: Mixtral / fine-grained / small shapes and the
-    `mixtral-2l` model (batch 2 × 4096) on a GPU; the `tiny` shape and model on a CPU."""
+    `mixtral-2l` model (batch 2 × 4096) on a GPU; the `tiny` shape and model on a CPU.
+    `train_layers`: the training step's model at another depth (as `train_dist --layers`)."""
     from .config import preset
 
     check_run_arguments(device=device, shapes=shapes, routings=routings,
                         train_preset=train_preset, train_variants=train_variants, batch=batch,
-                        seq_len=seq_len, warmup=warmup, iters=iters, optimizer=optimizer)
+                        seq_len=seq_len, warmup=warmup, iters=iters, optimizer=optimizer,
+                        train_layers=train_layers)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = torch.device(device).type == "cuda"
     shapes = shapes or (["mixtral", "fine_grained", "small"] if on_gpu else ["tiny"])
@@ -530,6 +546,8 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
                                               on_result=lambda r: report(r, format_expert_row(r)))
     if train:
         config = preset(train_preset or default_preset(on_gpu))
+        if train_layers is not None:
+            config = config.with_overrides(num_layers=train_layers)
         if not on_gpu:
             config = config.with_overrides(dtype="float32")
         batch = batch or 2  # 0 was refused above: `or` replaces only None
@@ -554,25 +572,32 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
 def merge_reports(reports: list[dict]) -> dict:
     """One report from the parts of a benchmark run as separate commands on the same machine
     (e.g. `--no-train` then `--no-expert`, each within a time limit): the results concatenated,
-    the summary recomputed over all of them, each part's date and dense-matmul rate kept. Refuses
+    the summary recomputed over all of them, each part's date and dense-matmul rate kept (the
+    top-level rates: those of the last part with training-step rows, which MFU is quoted
+    against). Refuses
     parts whose GPU or library versions differ: their ratios would not be comparable."""
     if not reports:
         raise ValueError("nothing to merge")
-    def versions(report):
-        return {k: v for k, v in report["environment"].items() if k != "date"}
+    first = reports[0]["environment"]
     for r in reports[1:]:
-        if versions(r) != versions(reports[0]):
-            differ = sorted(k for k in versions(r) if versions(r)[k] != versions(reports[0]).get(k))
+        # Keys one of them lacks (recorded only by a newer version of the course) are no
+        # difference; the date is when each part ran.
+        differ = sorted(k for k, v in r["environment"].items()
+                        if k != "date" and k in first and first[k] != v)
+        if differ:
             raise ValueError(f"cannot merge reports from different environments (differ in {differ})")
     incomplete = [i for i, r in enumerate(reports) if not r.get("complete", True)]
     if incomplete:
         raise ValueError(f"report(s) {incomplete} did not finish (complete=False): rerun them")
     results = [row for r in reports for row in r["results"]]
     return {"environment": reports[0]["environment"],  # its date: when the run started
-            "parts": [{"date": r["environment"].get("date"),
-                       **Peaks.from_dict(r).to_dict(), "results": len(r["results"])}
-                      for r in reports],
-            **Peaks.from_dict(reports[-1]).to_dict(),
+            # A report merged before keeps its own parts: one entry per run, however merged
+            "parts": [part for r in reports for part in r.get("parts") or [
+                {"date": r["environment"].get("date"), **Peaks.from_dict(r).to_dict(),
+                 "results": len(r["results"])}]],
+            # The MFU of a training-step row is quoted against the peaks measured in its own run
+            **Peaks.from_dict(next((r for r in reversed(reports) if any(
+                row.get("part") == "train" for row in r["results"])), reports[-1])).to_dict(),
             "results": results, "summary": summarize(results), "complete": True}
 
 

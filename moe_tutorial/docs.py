@@ -118,7 +118,8 @@ EXPERT_COLUMNS = [
     ("+ CUTLASS grouped GEMM", ("te_grouped_linear+cutlass", "te_ops+cutlass"), "bf16"),
     ("`te.ops` FP8 (DelayedScaling)", ("te_ops",), "DelayedScaling"),
 ]
-SHAPE_LABELS = {"mixtral": "Mixtral 8x7B", "fine_grained": "fine-grained", "small": "small"}
+SHAPE_LABELS = {"mixtral": "Mixtral 8x7B", "fine_grained": "fine-grained", "small": "small",
+                "qwen3_30b_a3b": "Qwen3-MoE-30B-A3B", "olmoe_1b_7b": "OLMoE-1B-7B"}
 
 
 def _expert_cell(row: dict | None, name_backend: bool) -> str:
@@ -150,8 +151,28 @@ def h200_expert_layer() -> str:
         s = EXPERT_SHAPES[shape]
         dims = f"({s.tokens}, {s.hidden}, {s.intermediate}, {s.experts}, {s.top_k})"
         rows.append([f"{SHAPE_LABELS.get(shape, shape)} {dims}"] + cells)
-    return _table(["shape (T, H, I, E, k)"] + [c[0] for c in EXPERT_COLUMNS],
-                  ["---"] * (len(EXPERT_COLUMNS) + 1), rows)
+    table = _table(["shape (T, H, I, E, k)"] + [c[0] for c in EXPERT_COLUMNS],
+                   ["---"] * (len(EXPERT_COLUMNS) + 1), rows)
+    runs = _expert_shapes_by_run(report)
+    if len(runs) < 2:
+        return table
+    return table + "\n\nThe rows come from " + str(len(runs)) + " runs on the same machine type " \
+        "and versions (`bench --merge`): " + "; ".join(
+            f"{', '.join(SHAPE_LABELS.get(s, s) for s in names)} on {part['date']} (dense bf16 "
+            f"matmul {part['dense_bf16_tflops_measured']:.0f} TFLOP/s)" for part, names in runs) + "."
+
+
+def _expert_shapes_by_run(report: dict) -> list[tuple[dict, list[str]]]:
+    """(part, its expert shapes) for each part of a merged report that measured expert shapes;
+    the parts' results lie in the report in part order."""
+    runs, start = [], 0
+    for part in report.get("parts") or []:
+        rows = report["results"][start:start + part["results"]]
+        start += part["results"]
+        names = list(dict.fromkeys(r["shape"] for r in rows if r["part"] == "expert"))
+        if names:
+            runs.append((part, names))
+    return runs
 
 
 def _cutlass_ratios(experts: list[dict], shape: str) -> list[float]:
@@ -170,7 +191,7 @@ def _loop_ms(name: str, shape: str) -> str:
 
 
 def h200_expert_notes() -> str:
-    from .bench import precision_kind
+    from .bench import FAMILY_SHAPES, precision_kind
 
     experts = [r for r in _load("h200.json")["results"] if r["part"] == "expert"]
     fp8 = [r for r in experts
@@ -190,6 +211,16 @@ def h200_expert_notes() -> str:
         f"{_span(faster, '.2f')}× faster and the Mixtral shape {_span(slower, '.0%')} slower (both "
         f"routings, both TE backends).",
     ]
+    summary = _load("h200.json")["summary"]
+    losses = [(SHAPE_LABELS.get(shape, shape), summary.get(f"expert_{shape}_best_fp8_vs_best_bf16"))
+              for shape in FAMILY_SHAPES]
+    losses = [(label, ratio) for label, ratio in losses if ratio is not None and ratio < 1]
+    if losses:
+        lines.append("- FP8 loses to bf16 with many small experts on this GPU: the fastest FP8 "
+                     "cell over the fastest bf16 cell is " + ", ".join(
+                         f"{ratio:.2f}× for {label}" for label, ratio in losses)
+                     + " (balanced routing, the shapes above; no profile of where the FP8 time "
+                     "goes was taken for these shapes).")
     if unsupported:
         lines.append(f"- Reported UNSUPPORTED (the library has no kernel for it on this GPU): "
                      f"{', '.join(unsupported)}.")

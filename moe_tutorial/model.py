@@ -407,6 +407,14 @@ class CausalLMOutput:
     router_logits: tuple[torch.Tensor, ...] = ()  # one [B*S, E] tensor per layer
 
 
+# A pytree node, so code that walks a module's outputs finds the tensors inside. FSDP2 hooks the
+# root's unshard-before-backward onto them: torch 2.11's FSDP2 walks outputs with tree_flatten,
+# which treats an unregistered dataclass as one opaque leaf, so the root's resharded weights
+# (embedding, lm_head) were read as empty storage in the backward pass ("setStorage: ... out of
+# bounds for storage of size 0"; torch 2.13 walks dataclasses itself).
+torch.utils._pytree.register_dataclass(CausalLMOutput)
+
+
 class MoEForCausalLM(nn.Module):
     """MoE language model (Mixtral and the families of `families.py`).
     `model(input_ids, targets)` → `CausalLMOutput`."""

@@ -627,23 +627,36 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     `committed` result file), the step's floor in bf16 and FP8, and with `profile_upto` each
     course chapter's profiled step against its precision's floor; prints the tables and returns
     {"speed_of_light": section} (what `--out` writes)."""
+    from . import hardware
     from .config import preset
     from .step_profile import chapter_breakdowns
 
     config = preset(preset_name)
+    # Transformer Engine is imported (and what this process can run decided) before anything is
+    # measured: a chapter that needs TE and does not get it is skipped or runs its PyTorch
+    # counterpart, and the output says why (the reason TE did not import), never silently.
+    caps = hardware.capabilities()
     rates = (Rates.from_committed(committed) if committed else
              measure_rates(device, config, batch, seq_len))
     floors = {p: floor(step_work(config, batch, seq_len, precision=p, optimizer=optimizer), rates)
               for p in PRECISIONS}
-    comparisons = {}
+    comparisons, skipped = {}, {}
     if profile_upto:
         bars = chapter_breakdowns(config, upto=profile_upto, device=device, batch=batch,
                                   seq_len=seq_len)
         comparisons = {label: compare(floors[_chapter_precision(label)], b)
                        for label, b in bars.breakdowns.items()}
+        skipped = dict(bars.skipped)
     for fl in floors.values():
         print(format_table(fl) + "\n")
     for label, c in comparisons.items():
         print(f"{label}:\n" + format_table(c.floor, c) + "\n")
+    for label, why in skipped.items():
+        print(f"{label}: not profiled here: {why}")
+    te = caps.env.te_version if caps.has_te else None
+    if not te:
+        print(f"Transformer Engine: {caps.env.te_import_error or 'not installed'}")
     return {"speed_of_light": {**section(rates, comparisons),
-                               "floors": {p: fl.to_dict() for p, fl in floors.items()}}}
+                               "floors": {p: fl.to_dict() for p, fl in floors.items()},
+                               "skipped": skipped, "transformer_engine": te,
+                               "transformer_engine_error": None if te else caps.env.te_import_error}}

@@ -119,6 +119,9 @@ def environment() -> dict:
             "transformer_engine": e.te_version if caps.has_te else None,
             "transformers": e.transformers_version, "python": e.python_version,
             "cpu_threads": torch.get_num_threads(),
+            # The memory a GPU really has: what the memory arithmetic budgets against
+            "gpu_total_memory_bytes": (torch.cuda.get_device_properties(0).total_memory
+                                       if e.gpu_name and torch.cuda.is_available() else None),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 

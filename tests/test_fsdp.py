@@ -72,3 +72,15 @@ def _experts_not_sharded():
 def test_ep_without_shard_experts_is_refused():
     with pytest.raises(ranks.RankError, match="call distributed.shard_experts"):
         ranks.run(_experts_not_sharded, 2, timeout_s=60)
+
+
+def test_model_output_is_a_pytree_fsdp2_can_hook():
+    """FSDP2 unshards the root's weights (embedding, lm_head) before the backward pass through
+    hooks on the tensors it finds in the root's output; torch 2.11 finds them with tree_flatten,
+    which sees an unregistered dataclass as one leaf (then the backward read freed storage:
+    "setStorage ... storage of size 0", seen on the H200). The output's tensors must be leaves."""
+    model = MoEForCausalLM(preset("tiny"))
+    ids = torch.randint(0, model.config.vocab_size, (1, 8))
+    out = model(ids, ids)
+    leaves = torch.utils._pytree.tree_leaves(out)
+    assert any(leaf is out.logits for leaf in leaves) and any(leaf is out.loss for leaf in leaves)

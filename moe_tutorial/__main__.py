@@ -253,6 +253,8 @@ def _check_speed_of_light(args: argparse.Namespace) -> None:
         raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {sorted(PRESETS)}")
     check_count("--batch", args.batch)
     check_count("--seq-len", args.seq_len, least=2)
+    if args.layers is not None:
+        check_count("--layers", args.layers)
     if args.committed and not Path(args.committed).is_file():
         raise ValueError(f"--committed {args.committed}: no such file; give a bench result JSON, "
                          f"e.g. benchmarks/results/h200.json")
@@ -264,9 +266,9 @@ def _speed_of_light(args: argparse.Namespace) -> int:
     from . import speed_of_light
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    result = speed_of_light.run(preset_name=args.preset, batch=args.batch, seq_len=args.seq_len,
-                                device=device, committed=args.committed, optimizer=args.optimizer,
-                                profile_upto=args.profile_upto)
+    result = speed_of_light.run(preset_name=args.preset, layers=args.layers, batch=args.batch,
+                                seq_len=args.seq_len, device=device, committed=args.committed,
+                                optimizer=args.optimizer, profile_upto=args.profile_upto)
     if args.out:
         _write_json(result, args.out)
     return 0
@@ -421,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="the training step's floor per part from the model's shapes and "
                               "this device's measured rates, vs each chapter's profiled step")
     sol.add_argument("--preset", default="mixtral-2l")
+    sol.add_argument("--layers", type=int, default=None,
+                     help="the preset with this many layers (default: the preset's)")
     sol.add_argument("--batch", type=int, default=2)
     sol.add_argument("--seq-len", type=int, default=4096)
     sol.add_argument("--device", default=None, help="default: cuda when available, else cpu")

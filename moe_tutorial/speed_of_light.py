@@ -622,16 +622,19 @@ def _chapter_precision(label: str) -> str:
 
 
 def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | None = None,
-        optimizer: str = "adamw", profile_upto: str | None = None) -> dict:
+        optimizer: str = "adamw", profile_upto: str | None = None,
+        layers: int | None = None) -> dict:
     """`python -m moe_tutorial speed-of-light`: the rates (measured on `device`, or read from the
     `committed` result file), the step's floor in bf16 and FP8, and with `profile_upto` each
     course chapter's profiled step against its precision's floor; prints the tables and returns
-    {"speed_of_light": section} (what `--out` writes)."""
+    {"speed_of_light": section} (what `--out` writes). `layers`: the preset at another depth."""
     from . import hardware
     from .config import preset
     from .step_profile import chapter_breakdowns
 
     config = preset(preset_name)
+    if layers is not None:
+        config = config.with_overrides(num_layers=layers)
     # Transformer Engine is imported (and what this process can run decided) before anything is
     # measured: a chapter that needs TE and does not get it is skipped or runs its PyTorch
     # counterpart, and the output says why (the reason TE did not import), never silently.

@@ -13,8 +13,9 @@ Every number comes from the module that owns its rule:
     2 expert GEMMs     one MoE layer's gate-up and down GEMMs at 1k, 4k and 16k tokens per GPU,
                        balanced routing (decide.tokens_per_expert, bench.ExpertShape.flops)
     3 padding          what each alignment adds (recipes.alignment, the fused MLP's rows per
-                       expert; skew.padding_waste) at balanced routing and at the skew of the
-                       course's skewed benchmark routing, measured here (`measured_skew`)
+                       expert; skew.padding_waste) at balanced routing and at the course's
+                       skewed benchmark routing, its token copies per expert counted here
+                       (`skewed_routing_splits`)
     4 fused MLP        experts.why_unfused / why_fused_raises for a Hopper and a Blackwell GPU as
                        hardware.fake_environment describes them
     5 memory           memory.predict per engine and (dp, ep) layout (matrix.layouts); memory.fits
@@ -262,35 +263,42 @@ def alignments() -> dict[int, str]:
             experts.FUSED_MLP_ROWS_PER_EXPERT: "fused grouped MLP (cuDNN kernel)"}
 
 
-def measured_skew(config: MoEConfig, tokens: int) -> float:
-    """The skew, as `skew.skewed_splits` defines it (0 balanced, 1 every token at one expert), of
-    the course's skewed benchmark routing (`bench.make_routing(shape, "skewed")`: router logits
-    with a Zipf-like bias) on this model's experts and top-k: its hottest expert's token copies,
-    placed on skewed_splits' straight line from balanced (skew 0) to every token (skew 1)."""
+def skewed_routing_splits(config: MoEConfig, tokens: int) -> list[int]:
+    """Token copies per expert (the `m_splits` before padding) of the course's skewed benchmark
+    routing (`bench.make_routing(shape, "skewed")`: router logits with a Zipf-like bias) on this
+    model's experts and top-k, counted. Counted, not summarised by one hot expert: with top-8 of
+    128 experts nearly every token picks the hottest one, while the tail decides the padding."""
     _, indices = make_routing(expert_shape(config, tokens), "skewed")
-    hot = int(torch.bincount(indices.flatten(), minlength=config.num_experts).max())
-    balanced, extreme = (skew.skewed_splits(tokens, config.num_experts, config.top_k, s)[0]
-                         for s in (0.0, 1.0))
-    return 0.0 if extreme == balanced else (hot - balanced) / (extreme - balanced)
+    return torch.bincount(indices.flatten(), minlength=config.num_experts).tolist()
 
 
-def padding_fractions(config: MoEConfig, tokens: int, skew_level: float) -> dict[int, float]:
+def balanced_splits(config: MoEConfig, tokens: int) -> list[int]:
+    """Token copies per expert at balanced routing (`skew.skewed_splits` at skew 0)."""
+    return skew.skewed_splits(tokens, config.num_experts, config.top_k, 0.0)
+
+
+def load_imbalance(splits: list[int]) -> float:
+    """The hottest expert's token copies over the mean (1.0: balanced)."""
+    return max(splits) * len(splits) / sum(splits)
+
+
+def padding_fractions(splits: list[int]) -> dict[int, float]:
     """Per alignment of `alignments()`: the share of the grouped GEMMs' rows that are padding
-    (`skew.padding_waste`) at `skew_level`."""
-    splits = skew.skewed_splits(tokens, config.num_experts, config.top_k, skew_level)
+    (`skew.padding_waste`) with these token copies per expert."""
     return {align: waste["fraction"]
             for align, waste in skew.padding_waste(splits, tuple(alignments())).items()}
 
 
 def padding(config: MoEConfig, tokens_per_gpu=TOKENS_PER_GPU) -> list[dict]:
-    """Per token count: the measured skew, and per alignment the padding share at balanced
-    routing and at that skew."""
+    """Per token count: the skewed routing's load imbalance (hottest expert over the mean), and
+    per alignment the padding share at balanced and at skewed routing."""
     rows = []
     for tokens in tokens_per_gpu:
-        level = measured_skew(config, tokens)
-        balanced, skewed = padding_fractions(config, tokens, 0.0), padding_fractions(
-            config, tokens, level)
-        rows.append({"tokens_per_gpu": tokens, "skew": level,
+        skewed_splits = skewed_routing_splits(config, tokens)
+        balanced = padding_fractions(balanced_splits(config, tokens))
+        skewed = padding_fractions(skewed_splits)
+        rows.append({"tokens_per_gpu": tokens,
+                     "skewed_max_over_mean": load_imbalance(skewed_splits),
                      "alignments": [{"align": a, "for": who, "balanced": balanced[a],
                                      "skewed": skewed[a]} for a, who in alignments().items()]})
     return rows
@@ -516,11 +524,13 @@ def _alignment(config, recipe, fused, tokens) -> tuple[int, str]:
         align, rule = recipes.alignment(recipe), f"TE's rule for {recipe}"
     if align == 1:
         return 1, "1 (no padding): bf16 grouped GEMMs take any number of rows per expert"
-    level = measured_skew(config, tokens)
-    balanced, skewed = (padding_fractions(config, tokens, s)[align] for s in (0.0, level))
+    skewed_splits = skewed_routing_splits(config, tokens)
+    balanced = padding_fractions(balanced_splits(config, tokens))[align]
+    skewed = padding_fractions(skewed_splits)[align]
     return align, (f"{align} rows per expert ({rule}): the padding is {balanced:.1%} of the "
-                   f"grouped GEMMs' rows at balanced routing and {skewed:.1%} at the measured "
-                   f"skew {level:.2f}, with {tokens:,} tokens per GPU")
+                   f"grouped GEMMs' rows at balanced routing and {skewed:.1%} at the course's "
+                   f"skewed routing (hottest expert {load_imbalance(skewed_splits):.1f}× the "
+                   f"mean load), with {tokens:,} tokens per GPU")
 
 
 def fewest_gpus(model: Model, *, batch: int, seq_len: int, gpu_bytes: float, start: int,
@@ -588,7 +598,8 @@ def _layout(model, *, batch, seq_len, gpus, gpu_bytes, **step) -> tuple[str | No
         f"sends the fewest bytes per GPU per step ({_gb(s['total'])}: all-to-all "
         f"{_gb(s['all_to_all'])}, gradient all-reduce {_gb(s['allreduce'])}; "
         f"distributed.communication_per_step) and peaks at {_gib(best['peak_bytes'])} "
-        f"({best['peak_phase']} moment)")
+        f"({best['peak_phase']} moment; with the recommended {step.get('backend', 'te_ops')} "
+        f"experts in {step.get('precision', 'bf16')}, where section 5 assumes te_ops in bf16)")
 
 
 def memory_arch(caps: hardware.Capabilities) -> str:
@@ -651,7 +662,7 @@ def recommendation(model: Model, *, sweep: bool | None, batch: int, seq_len: int
                    "rule": decide.decision_rule(verdicts, caps.env.gpu_name, see_also="")}
     else:
         verdicts, source = committed_verdicts()
-        why = ("--no-sweep was given" if on_gpu else
+        why = ("the sweep was turned off (--no-sweep, or sweep=False)" if on_gpu else
                "this machine has no CUDA GPU (torch.cuda.is_available() is False), and the "
                "expert layer timed on a CPU says nothing about a GPU; run this command on the "
                "GPU to measure")
@@ -755,16 +766,17 @@ def _gemms_text(report: dict) -> str:
 
 def _padding_text(report: dict) -> str:
     first = report["padding"][0]["alignments"]
-    rows = [[p["tokens_per_gpu"], f"{p['skew']:.2f}"]
+    rows = [[p["tokens_per_gpu"], f"{p['skewed_max_over_mean']:.1f}×"]
             + [f"{a['balanced']:.1%} / {a['skewed']:.1%}" for a in p["alignments"]]
             for p in report["padding"]]
-    return str(Table(["tokens/GPU", "skew"] + [f"align {a['align']}" for a in first], rows,
+    return str(Table(["tokens/GPU", "skewed max/mean"] + [f"align {a['align']}" for a in first],
+                     rows,
                      title="3. Padding: share of the grouped GEMMs' rows that are padding, "
                            "balanced / skewed routing",
                      note="align: " + "; ".join(f"{a['align']} {a['for']}" for a in first)
-                          + ". skew: skew.py's level (0 balanced, 1 one hot expert) of the "
-                            "course's skewed benchmark routing (bench.make_routing) on this "
-                            "model's experts and top-k, measured here"))
+                          + ". skewed: the course's skewed benchmark routing (bench.make_routing)"
+                            " on this model's experts and top-k, its copies per expert counted "
+                            "here; max/mean: its hottest expert's load over the mean"))
 
 
 def _fused_text(report: dict) -> str:

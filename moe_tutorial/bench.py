@@ -227,6 +227,9 @@ class Variant:
     precision: str = "bf16"  # ours: "bf16", "fp8" or a TE recipe name; HF: bf16 only
     hf: bool = False
     compiled: bool = False  # HF: `hf_baseline.compile_for_training`
+    # AdamW stepped in the backward pass (`train.StepInBackward`): a generic training trick, so
+    # HF gets it too, to separate what it buys from what the MoE/TE work buys
+    step_in_backward: bool = False
 
     @property
     def precision_kind(self) -> str:
@@ -255,13 +258,28 @@ class Variant:
 
     def optimizer(self, module, lr: float, kind: str = "torch_adamw"):
         """HF's baseline as HF users run it: torch's fused AdamW over all parameters; ours: the
-        course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW)."""
-        from .train import TrainSettings, make_optimizer
+        course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). A
+        `step_in_backward` variant: the same AdamW stepped in the backward pass
+        (`train.StepInBackward`)."""
+        from .train import (
+            StepInBackward,
+            TrainSettings,
+            make_optimizer,
+            make_step_in_backward,
+        )
 
+        fused = next(module.parameters()).is_cuda or None
+        if self.step_in_backward and kind != "torch_adamw":
+            raise ValueError(f"variant {self.name}: the optimizer steps in the backward pass with "
+                             f"torch's AdamW; --optimizer {kind} does not apply to it")
         if self.hf:
-            return torch.optim.AdamW(module.parameters(), lr=lr,
-                                     fused=next(module.parameters()).is_cuda or None)
-        return make_optimizer(module, TrainSettings(lr=lr, steps=2, warmup_steps=0), kind)
+            if self.step_in_backward:
+                return StepInBackward([{"params": list(module.parameters())}], lr=lr, fused=fused)
+            return torch.optim.AdamW(module.parameters(), lr=lr, fused=fused)
+        settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
+        if self.step_in_backward:
+            return make_step_in_backward(module, settings)
+        return make_optimizer(module, settings, kind)
 
 
 VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, in order
@@ -273,6 +291,11 @@ VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, i
     Variant("ours_te_grouped_linear_fp8", "te_grouped_linear", "fp8"),
     Variant("ours_te_ops_bf16", "te_ops"),
     Variant("ours_te_ops_fp8", "te_ops", "fp8"),
+    # Issue 19's candidates, each one change from the variant above it
+    Variant("hf_grouped_mm_compiled_step_in_backward", "grouped_mm", hf=True, compiled=True,
+            step_in_backward=True),
+    Variant("ours_te_ops_bf16_step_in_backward", "te_ops", step_in_backward=True),
+    Variant("ours_te_ops_fp8_step_in_backward", "te_ops", "fp8", step_in_backward=True),
 )}
 TRAIN_VARIANTS = tuple(VARIANTS)  # their names, as the command line takes them
 
@@ -363,6 +386,8 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
         except Exception as exc:
             row.update(_classify_error(exc))
         finally:
+            if hasattr(opt, "remove"):  # StepInBackward: its hooks on the parameters hold it
+                opt.remove()
             del module, forward, opt  # free this variant's ~30 GB before the next one
         results.append(row)
         if on_result is not None:

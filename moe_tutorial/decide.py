@@ -431,8 +431,9 @@ def committed_rows(path: str | Path = COMMITTED_RESULTS, routing: str = ROUTING)
 
 def committed_map(path: str | Path = COMMITTED_RESULTS) -> dict[str, Verdict]:
     """`decision_map` of a GPU benchmark file (`committed_rows`). The committed H200 file holds
-    3 shapes — Mixtral's, a fine-grained one (64 experts) and the course's small GPU shape —
-    enough for a coarse boundary, not a sweep."""
+    the expert shapes of `bench.EXPERT_SHAPES` it measured — Mixtral's, a fine-grained one (64
+    experts), the course's small GPU shape, Qwen3-30B-A3B's and OLMoE-1B-7B's — enough for a
+    coarse boundary, not a sweep."""
     return decision_map(committed_rows(path))
 
 

@@ -541,6 +541,54 @@ def h200x2_matrix() -> str:
 
 
 # The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.
+def h200_fsdp2_world1() -> str:
+    """Issue 20's one-GPU check: the deepest Mixtral-width model `memory.predict` fits on one
+    H200, its step through FSDP2 at world size 1 against the non-distributed step, each peak
+    next to its prediction."""
+    from . import memory
+    from .config import preset
+
+    data = _load("h200_fsdp2_world1.json")
+    fsdp2 = data["fsdp2"]["results"][0]
+    single_report = data["single"]
+    single = single_report["results"][0]
+    env = fsdp2["environment"]
+    config = preset(fsdp2["preset"]).with_overrides(num_layers=_layers(data["fsdp2"]["command"]))
+    predicted_single = memory.gib(memory.predict(
+        config, batch=single["batch"], seq_len=single["seq_len"], engine="single",
+        backend=fsdp2["backend"]).peak)
+    rows = [
+        [f"non-distributed (`bench`, `{single['variant']}`)", f"{single['median_ms']:.1f}",
+         f"{single['tokens_per_s']:,.0f}", f"{single['peak_memory_gb']:.1f}",
+         f"{predicted_single:.1f}", f"{predicted_single / single['peak_memory_gb'] - 1:+.1%}"],
+        ["FSDP2, world size 1 (`train_dist`)", f"{fsdp2['median_ms']:.1f}",
+         f"{fsdp2['tokens_per_s_per_gpu']:,.0f}", f"{fsdp2['peak_memory_gb']:.1f}",
+         f"{fsdp2['predicted_peak_gb']:.1f}", f"{fsdp2['memory_prediction_error']:+.1%}"]]
+    total = env.get("gpu_total_memory_bytes")
+    return (
+        f"`{fsdp2['preset']}` at {config.num_layers} layers ({config.parameter_counts()['total'] / 1e9:.1f} B "
+        f"parameters), `{fsdp2['backend']}` experts, bf16 weights and AdamW state, "
+        f"{fsdp2['batch_per_gpu']} × {fsdp2['seq_len']} tokens; {env['gpu']}"
+        + (f" ({total / 2**30:.1f} GiB as torch reports it)" if total else "")
+        + f", torch {env['torch']}, TE {env['transformer_engine']}, {env['date']}; "
+        f"{_link('h200_fsdp2_world1.json')}. Each ran in its own call (`{data['single']['command']}`; "
+        f"`{data['fsdp2']['command']}`).\n\n"
+        + _table(["step", "ms/step", "tokens/s", "peak GiB", "predicted GiB", "prediction error"],
+                 ["---", "---:", "---:", "---:", "---:", "---:"], rows)
+        + f"\n\nFSDP2 at world size 1 took {fsdp2['median_ms'] / single['median_ms']:.2f}× the "
+        f"non-distributed step's time: with one rank nothing is sharded, but FSDP2 still copies "
+        f"every layer's weights into its unsharded parameters before the forward pass and again "
+        f"before the backward pass (the weights are resharded after the forward pass), and "
+        f"every gradient, twice, on its way to its sharded one (the world-size-1 paths of torch "
+        f"2.13's `fsdp/_fully_shard/_fsdp_param_group.py` and `_fsdp_collectives.py`; the H200 "
+        f"ran torch 2.11, whose source was not read here). No profile of this run was taken: `--breakdown` on the same command measures "
+        f"where the time goes.")
+
+
+def _layers(command: str) -> int:
+    return int(re.search(r"--layers (\d+)", command)[1])
+
+
 H200_GIB = 140
 
 
@@ -646,6 +694,7 @@ def regions() -> dict[str, Callable[[], str]]:
         "cpu-train": cpu_train,
         "h200-environment": h200_environment,
         "h200-expert-layer": h200_expert_layer,
+        "h200-fsdp2-world1": h200_fsdp2_world1,
         "h200-expert-notes": h200_expert_notes,
         "h200-train-step": h200_train_step,
         "h200-targets": h200_targets,

@@ -150,7 +150,11 @@ def hf_config_kwargs(config) -> dict:
                          f"{family.config_class}: {'; '.join(problems)}")
     kwargs = {hf_name: getattr(config, name) for name, hf_name in family.fields.items()}
     kwargs |= dict(rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-                   tie_word_embeddings=False, attention_dropout=0.0, pad_token_id=None)
+                   tie_word_embeddings=False, attention_dropout=0.0, pad_token_id=None,
+                   # Generation metadata the model itself never reads. The families' defaults
+                   # are their own tokenizers' ids (OLMoE: 50279), outside a protein vocabulary,
+                   # and transformers warns about them: none is the honest value here.
+                   bos_token_id=None, eos_token_id=None)
     if family.reads_head_dim:
         kwargs["head_dim"] = config.head_dim
     if config.family == "mixtral":

@@ -260,7 +260,7 @@ def evaluate(env: Environment) -> Capabilities:
     if te_ok and gpu:
         put("te_grouped_linear", NATIVE, "te.GroupedLinear")
     else:
-        put("te_grouped_linear", FALLBACK, "grouped_torch expert backend (same math)",
+        put("te_grouped_linear", FALLBACK, "ReferenceGroupedLinear (pure PyTorch, TE's layout)",
             no_te if not te_ok else "no CUDA GPU")
 
     fp8_ok, fp8_reason = env.te_support.get("fp8", (False, no_te))

@@ -119,6 +119,73 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings,
     return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, fused=first.is_cuda or None)
 
 
+class StepInBackward:
+    """AdamW stepped inside the backward pass: each parameter is updated as soon as its gradient
+    is complete (`Tensor.register_post_accumulate_grad_hook`), and that gradient is freed at
+    once. The optimizer's memory-bound work then overlaps the rest of the backward pass instead of
+    running after it, and no step holds every gradient at the same time (a lower peak).
+
+    The same update as `torch.optim.AdamW` over the same parameter groups: one AdamW per parameter
+    with its group's options (fused on a GPU: one kernel per parameter). What it costs in
+    flexibility, refused by name where it would give a wrong answer (`train_step`):
+    - no global-norm gradient clipping: the norm needs every gradient before the first update;
+    - one process: a data-parallel engine reduces the gradients across ranks after they are
+      computed, and the update must wait for that (`after_backward`, e.g. the replicated
+      engine's all-reduce, is refused: it would run after the updates);
+    - one backward pass per step (no gradient accumulation over micro-batches: every backward
+      pass updates);
+    - the divergence guard can only report a non-finite loss after the update was applied;
+    - `train` does not take it: its checkpoints save one optimizer's state.
+    `step()` and `zero_grad()` do nothing (the work is done); `param_groups` are the per-parameter
+    optimizers' groups, so a learning-rate schedule that sets `group["lr"]` works unchanged."""
+
+    def __init__(self, param_groups: list[dict], **defaults):
+        self._optimizers, self._hooks = {}, []
+        for group in param_groups:
+            options = {k: v for k, v in group.items() if k != "params"}
+            for param in group["params"]:
+                if not param.requires_grad:
+                    continue
+                if param in self._optimizers:
+                    raise ValueError("a parameter appears in two groups")
+                self._optimizers[param] = torch.optim.AdamW([{"params": [param], **options}],
+                                                            **defaults)
+                self._hooks.append(param.register_post_accumulate_grad_hook(self._update))
+        if not self._optimizers:
+            raise ValueError("StepInBackward got no parameter that requires a gradient")
+
+    @torch.no_grad()
+    def _update(self, param: torch.Tensor) -> None:
+        self._optimizers[param].step()
+        param.grad = None  # freed now, not at the end of the step
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for opt in self._optimizers.values() for group in opt.param_groups]
+
+    def step(self) -> None:
+        """Nothing left to do: every parameter was updated during the backward pass."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear: every gradient was freed after its update."""
+
+    def remove(self) -> None:
+        """Detach the hooks: later backward passes no longer update the parameters."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
+
+
+def make_step_in_backward(model: torch.nn.Module, s: TrainSettings) -> StepInBackward:
+    """`make_optimizer`'s AdamW (same groups: matrices decay, vectors do not), stepped in the
+    backward pass (`StepInBackward`)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return StepInBackward([{"params": decay, "weight_decay": s.weight_decay},
+                           {"params": no_decay, "weight_decay": 0.0}],
+                          lr=s.lr, betas=s.betas, fused=next(model.parameters()).is_cuda or None)
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, packed: torch.Tensor, batch_size: int,
              max_batches: int | None = None) -> float:
@@ -163,6 +230,13 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
     output with `.loss` or the loss itself. `guard`: wait for the loss and the gradient norm and
     raise `TrainingDiverged` before a non-finite update is applied (the one host sync of the
     step; a benchmark that times the step turns it off to keep the GPU's queue full)."""
+    in_backward = isinstance(optimizer, StepInBackward)
+    if in_backward and (grad_clip is not None or after_backward is not None):
+        raise ValueError(
+            "the optimizer steps in the backward pass (StepInBackward), so "
+            + ("global-norm clipping cannot run: the norm needs every gradient before the first "
+               "update; pass grad_clip=None" if grad_clip is not None else
+               "after_backward would run after the updates; use make_optimizer instead"))
     inputs, targets = batch
     output = (forward or model)(inputs, targets)
     loss = loss_of(output)
@@ -182,7 +256,9 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
         values = [loss.item()] + ([grad_norm.item()] if grad_norm is not None else [])
         if not all(math.isfinite(v) for v in values):
             raise TrainingDiverged(f"loss={values[0]}, gradient norm="
-                                   f"{values[1] if grad_norm is not None else 'not computed'}")
+                                   f"{values[1] if grad_norm is not None else 'not computed'}"
+                                   + ("; the update was already applied (the optimizer steps in "
+                                      "the backward pass)" if in_backward else ""))
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if isinstance(model, MoEForCausalLM):

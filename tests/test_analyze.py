@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from moe_tutorial import analyze, decide, experts, hardware, memory
+from moe_tutorial import analyze, decide, experts, hardware, memory, skew
 from moe_tutorial.__main__ import main
 from moe_tutorial.config import PRESETS, MoEConfig, preset
 
@@ -146,7 +146,7 @@ def test_recommendation_sentences_come_from_the_data(reports):
     assert (items["backend"]["choice"], items["recipe"]["choice"], items["alignment"]["choice"]) \
         == ("te_ops", analyze.FUSED_RECIPE, align)
     tokens = report["settings"]["batch"] * report["settings"]["seq_len"]
-    skewed = analyze.padding_fractions(config, tokens, analyze.measured_skew(config, tokens))
+    skewed = analyze.padding_fractions(analyze.skewed_routing_splits(config, tokens))
     assert f"{skewed[align]:.1%}" in items["alignment"]["reason"]
     fitting = [r["layout"] for r in report["memory"]["rows"] if r["fits"]]
     assert items["layout"]["choice"] in fitting
@@ -274,3 +274,22 @@ def test_the_sweep_times_this_models_expert_layer(capsys):
                for r in timed)
     assert decide.decision_map(rows)["grouped_gemm"].speedups
     assert "expert-layer sweep" in capsys.readouterr().err
+
+
+def test_skewed_padding_counts_the_benchmark_routing():
+    """The skewed padding column comes from the skewed benchmark routing's own copies per expert.
+    With top-8 of 128 experts nearly every token picks the hottest expert, so a one-number skew
+    read off that expert saturates at 'every token at one expert' (1.00 for every shipped config,
+    an earlier version's bug) and its padding describes that extreme, not the routing's tail."""
+    config = analyze.load_model("qwen3-moe-30b-a3b").config
+    tokens = 4096
+    splits = analyze.skewed_routing_splits(config, tokens)
+    assert sum(splits) == tokens * config.top_k and len(splits) == config.num_experts
+    row = next(r for r in analyze.padding(config, (tokens,)))
+    counted = skew.padding_waste(splits, tuple(analyze.alignments()))
+    extreme = skew.padding_waste(skew.skewed_splits(tokens, config.num_experts, config.top_k, 1.0),
+                                 tuple(analyze.alignments()))
+    for a in row["alignments"]:
+        assert a["skewed"] == counted[a["align"]]["fraction"]
+    assert any(counted[a]["fraction"] != extreme[a]["fraction"] for a in counted)
+    assert 1.0 < row["skewed_max_over_mean"] <= config.num_experts / config.top_k

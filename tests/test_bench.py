@@ -182,3 +182,26 @@ def test_family_shapes_are_the_shipped_configs():
         assert (bench_shape.hidden, bench_shape.intermediate, bench_shape.experts,
                 bench_shape.top_k) == (want.hidden, want.intermediate, want.experts, want.top_k)
     assert set(bench.FAMILY_SHAPES) <= set(bench.EXPERT_SHAPES)
+
+
+def test_step_in_backward_variants_run_and_train():
+    """The optimizer-in-backward variants (ours, and HF's, as the same generic trick) time a
+    real step on CPU: they start from the shared first loss and their weights move."""
+    variants = ["ours_te_ops_bf16_step_in_backward",
+                bench.Variant("hf_grouped_mm_step_in_backward", "grouped_mm", hf=True,
+                              step_in_backward=True)]
+    rows = bench.bench_train_step(preset("tiny").with_overrides(dtype="float32"),
+                                  ["ours_te_ops_bf16", *variants], batch=1, seq_len=16,
+                                  device="cpu", warmup=0, iters=2)
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"], rows
+    assert all(r["optimizer"].endswith("StepInBackward") for r in rows[1:])
+    model, _ = bench.variant(variants[0]).build(preset("tiny").with_overrides(dtype="float32"),
+                                                "cpu")
+    opt = bench.variant(variants[0]).optimizer(model, 1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    ids = torch.randint(0, model.config.vocab_size, (1, 17))
+    bench._timed_step(model, None, opt, (ids[:, :-1], ids[:, 1:]))()
+    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters())
+               if a.dim() >= 2)
+    with pytest.raises(ValueError, match="does not apply"):
+        bench.variant(variants[0]).optimizer(model, 1e-2, "te_fused_adam")

@@ -37,6 +37,8 @@ EXERCISES = [
     ("07", "dispatch_order", "check_dispatch_order"),
     ("07", "exchange_counts", "check_exchange_counts"),
     ("07", "received_experts", "check_received_experts"),
+    ("08", "route_sigmoid", "check_route_sigmoid"),
+    ("08", "update_correction_bias", "check_update_correction_bias"),
 ]
 
 
@@ -613,6 +615,139 @@ def received_transposed_counts(recv_counts):
     return torch.repeat_interleave(torch.arange(per_rank).repeat(ep), recv_counts.T.flatten())
 
 
+def _route_sigmoid(logits, top_k, correction_bias=None, n_group=1, topk_group=1, normalize=True,
+                   scaling_factor=1.0, *, softmax=False, bias_chooses=True, bias_weighs=False,
+                   groups=True, group_score="top2", groups_on_biased=True, fill=-math.inf,
+                   scale=True, norm=None, eps=1e-20, detach=False, in_bf16=False):
+    """DeepSeek-V3's routing with one thing changed (the keyword that is not at its default)."""
+    scores = (torch.softmax if softmax else torch.sigmoid)(
+        logits if in_bf16 else logits.float(), **({"dim": -1} if softmax else {})).float()
+    scores = scores.detach() if detach else scores
+    bias = torch.zeros(logits.shape[-1]) if correction_bias is None else correction_bias
+    for_choice = scores + bias if bias_chooses else scores
+    if groups and n_group > 1:
+        on = (for_choice if groups_on_biased else scores).unflatten(-1, (n_group, -1))
+        group_scores = {"top2": lambda: on.topk(2, -1).values.sum(-1), "max": lambda: on.amax(-1),
+                        "sum": lambda: on.sum(-1)}[group_score]()
+        best = group_scores.topk(topk_group, -1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter(-1, best, True)
+        mask = keep.unsqueeze(-1).expand(*keep.shape, logits.shape[-1] // n_group).flatten(-2)
+        for_choice = for_choice.masked_fill(~mask, fill)
+    indices = for_choice.detach().topk(top_k, -1).indices
+    weights = (scores + bias if bias_weighs else scores).gather(-1, indices)
+    if normalize if norm is None else norm:
+        weights = weights / (weights.sum(-1, keepdim=True) + eps)
+    return (weights * scaling_factor if scale else weights), indices
+
+
+def route_sigmoid_bias_in_the_weights(*args):
+    return _route_sigmoid(*args, bias_weighs=True)
+
+
+def route_sigmoid_softmax(*args):
+    return _route_sigmoid(*args, softmax=True)
+
+
+def route_sigmoid_without_the_group_limit(*args):
+    return _route_sigmoid(*args, groups=False)
+
+
+def route_sigmoid_unscaled(*args):
+    return _route_sigmoid(*args, scale=False)
+
+
+def route_sigmoid_always_normalised(*args):
+    return _route_sigmoid(*args, norm=True)
+
+
+def route_sigmoid_never_normalised(*args):
+    return _route_sigmoid(*args, norm=False)
+
+
+def route_sigmoid_bias_ignored(*args):
+    return _route_sigmoid(*args, bias_chooses=False)
+
+
+def route_sigmoid_groups_by_their_best(*args):
+    return _route_sigmoid(*args, group_score="max")
+
+
+def route_sigmoid_groups_by_their_sum(*args):
+    return _route_sigmoid(*args, group_score="sum")
+
+
+def route_sigmoid_groups_unbiased(*args):
+    return _route_sigmoid(*args, groups_on_biased=False)
+
+
+def route_sigmoid_masks_with_zero(*args):
+    return _route_sigmoid(*args, fill=0.0)
+
+
+def route_sigmoid_without_epsilon(*args):
+    return _route_sigmoid(*args, eps=0.0)
+
+
+def route_sigmoid_detached(*args):
+    return _route_sigmoid(*args, detach=True)
+
+
+def route_sigmoid_in_bf16(*args):
+    return _route_sigmoid(*args, in_bf16=True)
+
+
+def route_sigmoid_scaled_twice(*args):
+    weights, indices = _route_sigmoid(*args)
+    return weights * (args[6] if len(args) > 6 else 1.0), indices
+
+
+def route_sigmoid_adds_none(logits, top_k, correction_bias=None, n_group=1, topk_group=1,
+                            normalize=True, scaling_factor=1.0):
+    scores = torch.sigmoid(logits.float())
+    indices = (scores + correction_bias).topk(top_k, -1).indices
+    return scores.gather(-1, indices), indices
+
+
+def bias_update_the_wrong_way(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    bias += rate * torch.sign(load - load.mean())
+
+
+def bias_update_proportional(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    bias += rate * (load.mean() - load)
+
+
+def bias_update_returned(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    return bias + rate * torch.sign(load.mean() - load)
+
+
+def bias_update_rebinds(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    bias = bias + rate * torch.sign(load.mean() - load)  # noqa: F841 (a new tensor; the caller's stays)
+
+
+def bias_update_replaces(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    bias.copy_(rate * torch.sign(load.mean() - load))
+
+
+def bias_update_moves_the_balanced(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    bias += torch.where(load > load.mean(), -rate, rate)
+
+
+def bias_update_integer_mean(bias, tokens_per_expert, rate):
+    bias += rate * torch.sign(tokens_per_expert.mean() - tokens_per_expert)
+
+
+def bias_update_counts_in_place(bias, tokens_per_expert, rate):
+    load = tokens_per_expert.float()
+    bias += rate * torch.sign(load.mean() - load)
+    tokens_per_expert.zero_()  # the router restarts its count itself
+
+
 WRONG = [
     ("check_route", route_not_renormalised, "not 1: renormalise the top-k probabilities"),
     ("check_route", route_softmax_in_bf16, "compute the softmax in float32"),
@@ -713,6 +848,51 @@ WRONG = [
     ("check_received_experts", received_source_ranks, "these are the source ranks of the rows"),
     ("check_received_experts", received_transposed_counts,
      "you paired the counts with the wrong experts"),
+    ("check_route_sigmoid", route_sigmoid_bias_in_the_weights,
+     "your weights include the correction bias: the bias only chooses the experts"),
+    ("check_route_sigmoid", route_sigmoid_softmax, "your weights are softmax probabilities"),
+    ("check_route_sigmoid", route_sigmoid_without_the_group_limit,
+     "you took the top-8 of all experts: first keep each token's topk_group=4 best of its "
+     "n_group=8 groups"),
+    ("check_route_sigmoid", route_sigmoid_unscaled,
+     "without the routed scaling factor: multiply them by scaling_factor=2.5 after normalising"),
+    ("check_route_sigmoid", route_sigmoid_always_normalised, "but normalize=False asks for"),
+    ("check_route_sigmoid", route_sigmoid_never_normalised,
+     "your weights are the raw sigmoid scores: normalize=True asks you to divide"),
+    ("check_route_sigmoid", route_sigmoid_bias_ignored,
+     "you chose the experts on the unbiased scores"),
+    ("check_route_sigmoid", route_sigmoid_groups_by_their_best,
+     "you ranked the groups by their best expert"),
+    ("check_route_sigmoid", route_sigmoid_groups_by_their_sum,
+     "you ranked the groups by the sum of all their experts' scores"),
+    ("check_route_sigmoid", route_sigmoid_groups_unbiased,
+     "you ranked the groups on the unbiased scores"),
+    ("check_route_sigmoid", route_sigmoid_masks_with_zero,
+     "competed with a score of 0, which beats a negative biased score: mask them with -inf"),
+    ("check_route_sigmoid", route_sigmoid_without_epsilon, "are 0 / 0 = NaN"),
+    ("check_route_sigmoid", route_sigmoid_detached,
+     "your weights carry no gradient back to the logits"),
+    ("check_route_sigmoid", route_sigmoid_in_bf16,
+     "your weights come from a sigmoid computed in torch.bfloat16"),
+    ("check_route_sigmoid", route_sigmoid_scaled_twice, "you multiplied by scaling_factor=2.5 twice"),
+    ("check_route_sigmoid", route_sigmoid_adds_none,
+     "raised TypeError: unsupported operand type(s) for +: 'Tensor' and 'NoneType' - "
+     "correction_bias may be None"),
+    ("check_update_correction_bias", bias_update_the_wrong_way,
+     "the bias moves the wrong way: expert 0, the most loaded (10 tokens, mean 4), got +0.01"),
+    ("check_update_correction_bias", bias_update_proportional,
+     "your bias moves in proportion to the load difference"),
+    ("check_update_correction_bias", bias_update_returned,
+     "you returned the updated bias but left the one passed in unchanged"),
+    ("check_update_correction_bias", bias_update_rebinds, "your function left the bias unchanged"),
+    ("check_update_correction_bias", bias_update_replaces,
+     "you replaced the bias by this step's change"),
+    ("check_update_correction_bias", bias_update_moves_the_balanced,
+     "has exactly the mean load, yet its bias moved by +0.01: sign(0) = 0 leaves it"),
+    ("check_update_correction_bias", bias_update_integer_mean,
+     "tokens_per_expert holds int64 counts: take tokens_per_expert.float() before the mean"),
+    ("check_update_correction_bias", bias_update_counts_in_place,
+     "changed its argument `tokens_per_expert` in place"),
 ]
 
 

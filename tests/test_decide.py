@@ -217,8 +217,10 @@ def test_committed_map_reads_the_h200_expert_rows():
     ms = {(r["shape"], r["backend"], r["precision"]): r["median_ms"] for r in report["results"]
           if r["part"] == "expert" and r["routing"] == "balanced" and r["status"] == "ok"}
     decisions = decide.committed_map()
-    assert set(decisions["fp8"].speedups) == {"mixtral", "fine_grained", "small"}
-    for shape in ("mixtral", "fine_grained", "small"):
+    shapes = {shape for shape, _, _ in ms}  # every expert shape the committed run measured
+    assert {"mixtral", "fine_grained", "small"} <= shapes
+    assert set(decisions["fp8"].speedups) == shapes
+    for shape in shapes:
         grouped = ms[(shape, "te_grouped_linear", "bf16")]
         assert decisions["grouped_gemm"].speedups[shape] == pytest.approx(
             ms[(shape, "naive", "bf16")] / grouped)
@@ -228,7 +230,7 @@ def test_committed_map_reads_the_h200_expert_rows():
             grouped / ms[(shape, "te_ops", "bf16")])
     assert decisions["fp8"].sizes["mixtral"] == 2048 * 4096  # 8192 tokens × top-2 / 8 experts
     rule = decide.decision_rule(decisions, "the committed H200 run", see_also="")
-    assert rule.startswith("On the committed H200 run (3 shapes): ")
+    assert rule.startswith(f"On the committed H200 run ({len(shapes)} shapes): ")
     assert "not measurable" not in rule
 
 

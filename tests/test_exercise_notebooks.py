@@ -26,7 +26,7 @@ NOTEBOOKS = [p for folder in FOLDERS for p in sorted((ROOT / folder).glob("[0-9]
 def test_one_exercise_notebook_per_chapter():
     for folder in FOLDERS:
         numbers = [p.name[:2] for p in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb"))]
-        assert numbers == ["01", "02", "03", "04", "05", "06", "07"], folder
+        assert numbers == ["01", "02", "03", "04", "05", "06", "07", "08"], folder
     assert (sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb"))
             == sorted(p.name for p in (ROOT / "exercises").glob("*.ipynb")))
 

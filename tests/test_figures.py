@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_tutorial import distributed, quant, recipes, routing
+from moe_tutorial import analyze, distributed, families, quant, recipes, routing
 
 FIGURES = Path(__file__).resolve().parents[1] / "notebooks" / "figures"
 NS = {"svg": "http://www.w3.org/2000/svg"}
 # The figures the notebooks show, by chapter (tests/notebook_conventions.py checks the links).
 NAMED = {"router_and_expert_loop", "permute_m_splits", "grouped_gemm", "fp8_number_line",
-         "mxfp8_block", "fused_grouped_mlp", "training_step_anatomy", "dp_fsdp_ep", "all_to_all"}
+         "mxfp8_block", "fused_grouped_mlp", "training_step_anatomy", "dp_fsdp_ep", "all_to_all",
+         "moe_families"}
 
 
 def _module(name: str):
@@ -136,3 +137,30 @@ def test_all_to_all_counts_are_the_dispatchers():
         assert recv.tolist() == fig.recv_counts(rank)
         arrived = [e % fig.PER_RANK for src in range(fig.RANKS) for _, e in fig.sent(src, rank)]
         assert distributed.received_experts(recv).tolist() == arrived
+
+
+def test_moe_families_are_the_packages():
+    """The panels draw every family `families.FAMILIES` converts, under its transformers class,
+    with the routing each family's config fixes, and quote the shipped configs' published values
+    as the package reads them."""
+    pytest.importorskip("transformers")  # the shipped configs are read through its config classes
+    fig = _module("moe_families")
+    assert sorted(k for keys, *_ in fig.PANELS for k in keys) == sorted(families.FAMILIES)
+    assert fig.CLASSES == {k: family.causal_lm for k, family in families.FAMILIES.items()}
+    # Mixtral always renormalises; Qwen3-MoE, OLMoE and Qwen2-MoE read norm_topk_prob
+    assert families.ARCHITECTURE_DEFAULTS["norm_topk_prob"] is True
+    assert "norm_topk_prob" not in families.FAMILIES["mixtral"].fields
+    assert all("norm_topk_prob" in families.FAMILIES[k].fields
+               for k in ("qwen3_moe", "olmoe", "qwen2_moe"))
+    # Qwen2-MoE's shared expert is gated, DeepSeek-V3's is not; DeepSeek-V3 routes by sigmoid
+    # with no balancing loss
+    assert families.FAMILIES["qwen2_moe"].fixed == {"shared_expert_gate": True}
+    assert families.ARCHITECTURE_DEFAULTS["shared_expert_gate"] is False
+    assert families.FAMILIES["deepseek_v3"].fixed == {"router": "sigmoid", "aux_loss_coef": 0.0}
+    for name, values in fig.PUBLISHED.items():
+        config = analyze.load_model(name).config
+        for field, value in values.items():
+            if field == "n_shared_experts":  # read as one MLP n_shared_experts times as wide
+                assert config.shared_expert_intermediate_size == value * config.intermediate_size
+            else:
+                assert getattr(config, field) == value, (name, field)

@@ -1,3 +1,4 @@
+import copy
 import math
 
 import pytest
@@ -7,11 +8,15 @@ from moe_tutorial.config import preset
 from moe_tutorial.data import load_protein_data
 from moe_tutorial.model import MoEForCausalLM
 from moe_tutorial.train import (
+    StepInBackward,
     TrainingDiverged,
     TrainSettings,
     evaluate,
     learning_rate,
+    make_optimizer,
+    make_step_in_backward,
     train,
+    train_step,
 )
 
 
@@ -71,3 +76,44 @@ def test_data_outside_the_vocabulary_is_refused_before_the_first_step():
     packed[5, 3] = model.config.vocab_size + 7  # e.g. ids from another tokenizer
     with pytest.raises(ValueError, match=f"token id {model.config.vocab_size + 7}, outside"):
         train(model, packed, TrainSettings(steps=2, batch_size=2, warmup_steps=0), progress=False)
+
+
+def _tiny_model_and_batches(steps=3):
+    torch.manual_seed(0)
+    model = MoEForCausalLM(preset("tiny").with_overrides(dtype="float32"))
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (steps, 2, 17), generator=gen)
+    return model, [(b[:, :-1], b[:, 1:]) for b in ids]
+
+
+def test_step_in_backward_is_adamw_stepped_early():
+    """The same AdamW update (groups, weight decay, a learning rate set between steps through
+    param_groups) as make_optimizer's, applied as each gradient completes; the gradients are freed
+    by the end of the backward pass."""
+    settings = TrainSettings(lr=1e-2, steps=3, warmup_steps=0)
+    model, batches = _tiny_model_and_batches()
+    early = copy.deepcopy(model)
+    reference, stepped = make_optimizer(model, settings), make_step_in_backward(early, settings)
+    assert isinstance(stepped, StepInBackward)
+    for i, batch in enumerate(batches):
+        for opt in (reference, stepped):
+            for group in opt.param_groups:
+                group["lr"] = settings.lr / (i + 1)
+        train_step(model, batch, reference, grad_clip=None)
+        train_step(early, batch, stepped, grad_clip=None)
+        assert all(p.grad is None for p in early.parameters())
+    for (name, want), got in zip(model.named_parameters(), early.parameters()):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), name
+    stepped.remove()
+    before = [p.detach().clone() for p in early.parameters()]
+    early(*batches[0]).loss.backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, early.parameters())), "hooks removed"
+
+
+def test_step_in_backward_refuses_what_it_cannot_do():
+    model, batches = _tiny_model_and_batches(1)
+    stepped = make_step_in_backward(model, TrainSettings(steps=1, warmup_steps=0))
+    with pytest.raises(ValueError, match="global-norm clipping cannot run"):
+        train_step(model, batches[0], stepped, grad_clip=1.0)
+    with pytest.raises(ValueError, match="after_backward would run after the updates"):
+        train_step(model, batches[0], stepped, grad_clip=None, after_backward=lambda: None)

@@ -85,6 +85,7 @@ from .te_ops_grouped_mlp import (
     reference_build_grouped_mlp,
     reference_te_ops_expert_layer,
 )
+from .your_model import check_route_sigmoid, check_update_correction_bias
 
 reference = SimpleNamespace(
     route=routing.route,
@@ -103,6 +104,8 @@ reference = SimpleNamespace(
     dispatch_order=distributed.dispatch_order,
     exchange_counts=distributed.exchange_counts,
     received_experts=distributed.received_experts,
+    route_sigmoid=routing.route_sigmoid,
+    update_correction_bias=routing.update_correction_bias,
 )
 
 __all__ = [
@@ -110,6 +113,6 @@ __all__ = [
     "check_build_grouped_mlp", "check_choose_recipe", "check_dequantize", "check_dispatch_order",
     "check_exchange_counts", "check_expert_loop", "check_grouped_mlp", "check_load_balancing_loss",
     "check_permute", "check_predict_speedup", "check_quantize", "check_quantize_block",
-    "check_received_experts", "check_route", "check_te_ops_expert_layer", "check_unpermute",
-    "pick", "reference", "summary", "torch_ops",
+    "check_received_experts", "check_route", "check_route_sigmoid", "check_te_ops_expert_layer",
+    "check_unpermute", "check_update_correction_bias", "pick", "reference", "summary", "torch_ops",
 ]

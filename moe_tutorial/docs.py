@@ -589,6 +589,25 @@ def _layers(command: str) -> int:
     return int(re.search(r"--layers (\d+)", command)[1])
 
 
+def h200_analyze() -> str:
+    """`analyze MODEL --json` on the H200, with its measured sweep: per model, the sweep's rule
+    and the recommendation for that GPU."""
+    lines = []
+    for path in sorted((RESULTS / "h200_analyze").glob("*.json")):
+        report = _load(f"h200_analyze/{path.name}")
+        env, rec = report["environment"], report["recommendation"]
+        sweep = rec["sweep"]
+        if not sweep["ran"]:
+            raise ValueError(f"{path}: no sweep ran; commit an analyze run made on a GPU")
+        (machine, chosen), = rec["machines"].items()
+        picks = ", ".join(f"{item['item']} {item['choice']}" for item in chosen)
+        lines.append(f"- `{report['model']['name']}` on {machine} ({env['date']}; torch "
+                     f"{env['torch']}, TE {env['transformer_engine']}; {len(sweep['rows'])} "
+                     f"timed runs; [`{path.name}`]({RESULTS_LINK}/h200_analyze/{path.name})): "
+                     f"{sweep['rule']} Recommended: {picks}.")
+    return "\n".join(lines)
+
+
 H200_GIB = 140
 
 
@@ -695,6 +714,7 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-environment": h200_environment,
         "h200-expert-layer": h200_expert_layer,
         "h200-fsdp2-world1": h200_fsdp2_world1,
+        "h200-analyze": h200_analyze,
         "h200-expert-notes": h200_expert_notes,
         "h200-train-step": h200_train_step,
         "h200-targets": h200_targets,

@@ -571,9 +571,12 @@ class MoEForCausalLM(nn.Module):
 
     # --- HF transformers interoperability ---------------------------------------------------
     @classmethod
-    def from_hf(cls, hf_model, expert_backend: str = "grouped_torch") -> MoEForCausalLM:
+    def from_hf(cls, hf_model, expert_backend: str = "grouped_torch",
+                **backend_options) -> MoEForCausalLM:
         """An equivalent model from a transformers causal LM of a supported family
-        (`families.FAMILIES`: MixtralForCausalLM, Qwen3MoeForCausalLM, ...; weights copied).
+        (`families.FAMILIES`: MixtralForCausalLM, Qwen3MoeForCausalLM, ...; weights copied), its
+        experts on `expert_backend` with `backend_options` (`set_expert_backend`'s: e.g. the
+        fused grouped MLP's `align=256, glu_interleave_size=32`).
 
         A model it cannot represent exactly is refused, every differing field named
         (`families.unsupported_hf_options`). The loss is HF's with `output_router_logits=True`
@@ -596,7 +599,7 @@ class MoEForCausalLM(nn.Module):
                              f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; convert "
                              f"a plain {name} (merge any adapters first)")
         model.load_state_dict(state)
-        return model.set_expert_backend(expert_backend)
+        return model.set_expert_backend(expert_backend, **backend_options)
 
     def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
         """A state dict that the family's transformers model (`MixtralForCausalLM`, ...)

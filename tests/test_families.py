@@ -171,6 +171,17 @@ def test_every_expert_backend_runs_every_family(hf_models, family, backend):
     _assert_within_tolerance(_compare_with_hf(hf, ours))
 
 
+def test_from_hf_passes_the_backend_options(hf_models):
+    """The fused grouped MLP's options (rows per expert, the GLU interleave) reach the experts
+    in one call, and the numbers stay HF's."""
+    hf = _use_experts(hf_models("qwen3_moe", "tiny"), "eager")
+    width = hf.config.moe_intermediate_size  # the interleave block must divide the expert width
+    ours = MoEForCausalLM.from_hf(hf, expert_backend="te_ops", align=32, glu_interleave_size=width)
+    experts = ours.model.layers[0].mlp.experts
+    assert (experts.align, experts.glu_interleave_size) == (32, width)
+    _assert_within_tolerance(_compare_with_hf(hf, ours))
+
+
 @pytest.mark.parametrize("family, name", CASES)
 def test_our_weights_load_into_hf(family, name):
     """to_hf_state_dict of a model built here (our initialisation) loads strictly into the HF

@@ -492,9 +492,10 @@ def main(argv=None) -> int:
         if dist.get_rank() == 0:
             report = {"mode": args.mode, "results": gathered}
             print("RESULT " + json.dumps(report))
-            if args.out:
-                with open(args.out, "w") as f:
+            if args.out:  # whole or not at all: `launch` trusts a file that exists
+                with open(args.out + ".partial", "w") as f:
                     json.dump(report, f, indent=1)
+                os.replace(args.out + ".partial", args.out)
     finally:
         dist.destroy_process_group()
     return 0
@@ -525,7 +526,8 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
         if timed_out:
             raise RuntimeError(f"{shlex.join(cmd)} timed out after {timeout:g} s and was "
                                f"stopped:\n" + "".join(lines[-30:]))
-        if returncode != 0 or not os.path.exists(out):
+        detail = ""
+        if returncode != 0:
             # The ranks' own exception lines say what went wrong; torchrun's summary does not.
             # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.) A rank that died
             # in C++ (SIGABRT, SIGSEGV) says so before torchrun's summary, in lines of its own.
@@ -535,9 +537,19 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
                 r"terminate called|what\(\):|Fatal Python error|Segmentation fault|bad_alloc",
                 line)]
             detail = "".join(errors[:2] + crashes[:4]) or "".join(lines[-30:])
+        if not os.path.exists(out):
             raise RuntimeError(f"{shlex.join(cmd)} failed (exit {returncode}):\n{detail}")
         with open(out) as f:
-            return json.load(f)
+            results = json.load(f)
+        if returncode != 0:
+            # Every rank finished its work and rank 0 wrote the gathered results (atomically)
+            # before a process died: the crash came while shutting down (seen on gloo, rarely:
+            # "terminate called without an active exception"). The results are whole; say so.
+            print(f"warning: {shlex.join(cmd)} exited {returncode} after every rank's results "
+                  f"were gathered and written (a crash while shutting down); the results are "
+                  f"complete:\n{detail}", file=sys.stderr)
+            results["shutdown_crash"] = detail.strip()
+        return results
 
 
 def _stream(cmd: list[str], timeout: float | None, echo: bool) -> tuple[list[str], int, bool]:

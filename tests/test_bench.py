@@ -205,3 +205,11 @@ def test_step_in_backward_variants_run_and_train():
                if a.dim() >= 2)
     with pytest.raises(ValueError, match="does not apply"):
         bench.variant(variants[0]).optimizer(model, 1e-2, "te_fused_adam")
+
+
+def test_candidates_are_named_not_run_by_default():
+    """Issue 19's candidate variants are accepted by name but stay out of the course's ladder
+    (bench's default run and notebook 06 iterate TRAIN_VARIANTS)."""
+    assert bench.CANDIDATE_VARIANTS and not set(bench.CANDIDATE_VARIANTS) & set(bench.TRAIN_VARIANTS)
+    for name in bench.CANDIDATE_VARIANTS:
+        assert bench.variant(name).step_in_backward

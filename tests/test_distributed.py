@@ -5,12 +5,13 @@ dict like the unsharded model."""
 
 import copy
 import shutil
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from moe_tutorial import distributed, ranks
+from moe_tutorial import distributed, ranks, train_dist
 from moe_tutorial.config import preset
 from moe_tutorial.lesson import rel_error
 from moe_tutorial.model import MoEForCausalLM
@@ -161,3 +162,32 @@ def test_a_launch_past_its_timeout_is_stopped():
     with pytest.raises(RuntimeError, match="timed out after 4 s and was stopped"):
         launch(2, "--mode", "train", "--steps", "100000", "--max-sequences", "300", timeout=4,
                echo=False)
+
+
+def _fake_torchrun(script: str):
+    """A stand-in for torchrun that runs `script` with OUT set to launch's --out path."""
+    def command(nproc, *args):
+        out = args[args.index("--out") + 1]
+        return [sys.executable, "-c", f"OUT = {out!r}\n" + script]
+    return command
+
+
+def test_a_crash_after_the_results_were_written_keeps_them_and_says_so(monkeypatch, capsys):
+    """A process that dies while shutting down, after rank 0 wrote every rank's results (seen on
+    gloo: "terminate called without an active exception"), loses no measurement: launch returns
+    the results, with the crash named in them and on stderr."""
+    monkeypatch.setattr(train_dist, "torchrun_command", _fake_torchrun(
+        "import json, os\njson.dump({'mode': 'bench', 'results': [1, 2]}, open(OUT, 'w'))\n"
+        "print('terminate called without an active exception', flush=True)\nos.abort()"))
+    result = launch(2, "--mode", "bench", echo=False)
+    assert result["results"] == [1, 2]
+    assert "terminate called" in result["shutdown_crash"]
+    assert "after every rank's results were gathered" in capsys.readouterr().err
+
+
+def test_a_crash_before_the_results_were_written_fails_the_launch(monkeypatch):
+    monkeypatch.setattr(train_dist, "torchrun_command", _fake_torchrun(
+        "import os\nprint('terminate called without an active exception', flush=True)\n"
+        "os.abort()"))
+    with pytest.raises(RuntimeError, match="terminate called"):
+        launch(2, "--mode", "bench", echo=False)

@@ -203,9 +203,7 @@ def _bench(args: argparse.Namespace) -> int:
     for variant in args.profile or []:
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         on_gpu = torch.device(device).type == "cuda"
-        config = preset(args.preset or bench.default_preset(on_gpu))
-        if args.layers is not None:
-            config = config.with_overrides(num_layers=args.layers)
+        config = preset(args.preset or bench.default_preset(on_gpu), layers=args.layers)
         seq_len = args.seq_len or bench.default_seq_len(config, on_gpu)
         print("\n" + bench.profile_train_step(config, variant, batch=args.batch or 2,
                                               seq_len=seq_len, device=device))

@@ -289,16 +289,21 @@ def padding_fractions(splits: list[int]) -> dict[int, float]:
             for align, waste in skew.padding_waste(splits, tuple(alignments())).items()}
 
 
+def padding_at(config: MoEConfig, tokens: int) -> tuple[dict[int, float], dict[int, float], float]:
+    """At `tokens` tokens per GPU: the padding shares per alignment at balanced and at the
+    course's skewed routing, and that skewed routing's load imbalance (hottest over mean)."""
+    skewed_splits = skewed_routing_splits(config, tokens)
+    return (padding_fractions(balanced_splits(config, tokens)), padding_fractions(skewed_splits),
+            load_imbalance(skewed_splits))
+
+
 def padding(config: MoEConfig, tokens_per_gpu=TOKENS_PER_GPU) -> list[dict]:
     """Per token count: the skewed routing's load imbalance (hottest expert over the mean), and
     per alignment the padding share at balanced and at skewed routing."""
     rows = []
     for tokens in tokens_per_gpu:
-        skewed_splits = skewed_routing_splits(config, tokens)
-        balanced = padding_fractions(balanced_splits(config, tokens))
-        skewed = padding_fractions(skewed_splits)
-        rows.append({"tokens_per_gpu": tokens,
-                     "skewed_max_over_mean": load_imbalance(skewed_splits),
+        balanced, skewed, imbalance = padding_at(config, tokens)
+        rows.append({"tokens_per_gpu": tokens, "skewed_max_over_mean": imbalance,
                      "alignments": [{"align": a, "for": who, "balanced": balanced[a],
                                      "skewed": skewed[a]} for a, who in alignments().items()]})
     return rows
@@ -524,13 +529,11 @@ def _alignment(config, recipe, fused, tokens) -> tuple[int, str]:
         align, rule = recipes.alignment(recipe), f"TE's rule for {recipe}"
     if align == 1:
         return 1, "1 (no padding): bf16 grouped GEMMs take any number of rows per expert"
-    skewed_splits = skewed_routing_splits(config, tokens)
-    balanced = padding_fractions(balanced_splits(config, tokens))[align]
-    skewed = padding_fractions(skewed_splits)[align]
-    return align, (f"{align} rows per expert ({rule}): the padding is {balanced:.1%} of the "
-                   f"grouped GEMMs' rows at balanced routing and {skewed:.1%} at the course's "
-                   f"skewed routing (hottest expert {load_imbalance(skewed_splits):.1f}× the "
-                   f"mean load), with {tokens:,} tokens per GPU")
+    balanced, skewed, imbalance = padding_at(config, tokens)
+    return align, (f"{align} rows per expert ({rule}): the padding is {balanced[align]:.1%} of "
+                   f"the grouped GEMMs' rows at balanced routing and {skewed[align]:.1%} at the "
+                   f"course's skewed routing (hottest expert {imbalance:.1f}× the mean load), "
+                   f"with {tokens:,} tokens per GPU")
 
 
 def fewest_gpus(model: Model, *, batch: int, seq_len: int, gpu_bytes: float, start: int,

@@ -574,9 +574,7 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
                                               warmup=warmup, iters=iters,
                                               on_result=lambda r: report(r, format_expert_row(r)))
     if train:
-        config = preset(train_preset or default_preset(on_gpu))
-        if train_layers is not None:
-            config = config.with_overrides(num_layers=train_layers)
+        config = preset(train_preset or default_preset(on_gpu), layers=train_layers)
         if not on_gpu:
             config = config.with_overrides(dtype="float32")
         batch = batch or 2  # 0 was refused above: `or` replaces only None

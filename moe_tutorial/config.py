@@ -302,10 +302,13 @@ PRESETS: dict[str, MoEConfig] = {
 }
 
 
-def preset(name: str, **overrides) -> MoEConfig:
-    """One of `PRESETS`, optionally with fields overridden."""
+def preset(name: str, layers: int | None = None, **overrides) -> MoEConfig:
+    """One of `PRESETS`, optionally with fields overridden; `layers`: at another depth (the
+    commands' `--layers`, e.g. the deepest Mixtral-width model that fits one GPU)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    if layers is not None:
+        overrides["num_layers"] = layers
     return PRESETS[name].with_overrides(**overrides) if overrides else PRESETS[name]
 
 

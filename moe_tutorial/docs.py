@@ -540,7 +540,6 @@ def h200x2_matrix() -> str:
         + ("" if hf_ran else " The HF row was not reached (the file ends incomplete)."))
 
 
-# The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.
 def h200_fsdp2_world1() -> str:
     """Issue 20's one-GPU check: the deepest Mixtral-width model `memory.predict` fits on one
     H200, its step through FSDP2 at world size 1 against the non-distributed step, each peak
@@ -549,11 +548,9 @@ def h200_fsdp2_world1() -> str:
     from .config import preset
 
     data = _load("h200_fsdp2_world1.json")
-    fsdp2 = data["fsdp2"]["results"][0]
-    single_report = data["single"]
-    single = single_report["results"][0]
+    fsdp2, single = data["fsdp2"]["results"][0], data["single"]["results"][0]
     env = fsdp2["environment"]
-    config = preset(fsdp2["preset"]).with_overrides(num_layers=_layers(data["fsdp2"]["command"]))
+    config = preset(fsdp2["preset"], layers=_layers(data["fsdp2"]["command"]))
     predicted_single = memory.gib(memory.predict(
         config, batch=single["batch"], seq_len=single["seq_len"], engine="single",
         backend=fsdp2["backend"]).peak)
@@ -581,11 +578,13 @@ def h200_fsdp2_world1() -> str:
         f"before the backward pass (the weights are resharded after the forward pass), and "
         f"every gradient, twice, on its way to its sharded one (the world-size-1 paths of torch "
         f"2.13's `fsdp/_fully_shard/_fsdp_param_group.py` and `_fsdp_collectives.py`; the H200 "
-        f"ran torch 2.11, whose source was not read here). No profile of this run was taken: `--breakdown` on the same command measures "
-        f"where the time goes.")
+        f"ran torch 2.11, whose source was not read here). No profile of this run was taken: "
+        f"`--breakdown` on the same command measures where the time goes.")
 
 
 def _layers(command: str) -> int:
+    """The `--layers N` of a recorded command (its result rows record the preset, not the
+    depth)."""
     return int(re.search(r"--layers (\d+)", command)[1])
 
 
@@ -608,6 +607,7 @@ def h200_analyze() -> str:
     return "\n".join(lines)
 
 
+# The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.
 H200_GIB = 140
 
 

@@ -632,9 +632,7 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     from .config import preset
     from .step_profile import chapter_breakdowns
 
-    config = preset(preset_name)
-    if layers is not None:
-        config = config.with_overrides(num_layers=layers)
+    config = preset(preset_name, layers=layers)
     # Transformer Engine is imported (and what this process can run decided) before anything is
     # measured: a chapter that needs TE and does not get it is skipped or runs its PyTorch
     # counterpart, and the output says why (the reason TE did not import), never silently.

@@ -93,6 +93,14 @@ class TrainingDiverged(RuntimeError):
 OPTIMIZERS = ("torch_adamw", "te_fused_adam")
 
 
+def _adamw_groups(model: torch.nn.Module, s: TrainSettings) -> list[dict]:
+    """The course's AdamW parameter groups: matrices decay, vectors (norm weights) do not."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return [{"params": decay, "weight_decay": s.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
 def make_optimizer(model: torch.nn.Module, s: TrainSettings,
                    kind: str = "torch_adamw") -> torch.optim.Optimizer:
     """AdamW; matrices decay, vectors (norm weights) do not.
@@ -104,10 +112,7 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings,
     measures both), so it is not the default."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; choose one of {OPTIMIZERS}")
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": s.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = _adamw_groups(model, s)
     first = next(model.parameters())
     if kind == "te_fused_adam":
         te = hardware.transformer_engine() if first.is_cuda else None
@@ -179,11 +184,8 @@ class StepInBackward:
 def make_step_in_backward(model: torch.nn.Module, s: TrainSettings) -> StepInBackward:
     """`make_optimizer`'s AdamW (same groups: matrices decay, vectors do not), stepped in the
     backward pass (`StepInBackward`)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return StepInBackward([{"params": decay, "weight_decay": s.weight_decay},
-                           {"params": no_decay, "weight_decay": 0.0}],
-                          lr=s.lr, betas=s.betas, fused=next(model.parameters()).is_cuda or None)
+    return StepInBackward(_adamw_groups(model, s), lr=s.lr, betas=s.betas,
+                          fused=next(model.parameters()).is_cuda or None)
 
 
 @torch.no_grad()

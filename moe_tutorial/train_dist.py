@@ -124,9 +124,7 @@ def model_config(args, **overrides):
         from transformers import AutoConfig
 
         return MoEConfig.from_hf_config(AutoConfig.from_pretrained(args.hf_checkpoint))
-    if args.layers is not None:
-        overrides["num_layers"] = args.layers
-    return preset(args.preset, **overrides)
+    return preset(args.preset, layers=args.layers, **overrides)
 
 
 def from_hf_checkpoint(args, config, layout, device, compute: torch.dtype,

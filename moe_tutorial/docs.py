@@ -588,6 +588,11 @@ def _layers(command: str) -> int:
     return int(re.search(r"--layers (\d+)", command)[1])
 
 
+def _choice(item: dict) -> str:
+    """A recommendation's choice; None where nothing qualifies (no layout of the GPUs fits)."""
+    return "none fits" if item["choice"] is None else str(item["choice"])
+
+
 def h200_analyze() -> str:
     """`analyze MODEL --json` on the H200, with its measured sweep: per model, the sweep's rule
     and the recommendation for that GPU."""
@@ -599,7 +604,7 @@ def h200_analyze() -> str:
         if not sweep["ran"]:
             raise ValueError(f"{path}: no sweep ran; commit an analyze run made on a GPU")
         (machine, chosen), = rec["machines"].items()
-        picks = ", ".join(f"{item['item']} {item['choice']}" for item in chosen)
+        picks = ", ".join(f"{item['item']} {_choice(item)}" for item in chosen)
         lines.append(f"- `{report['model']['name']}` on {machine} ({env['date']}; torch "
                      f"{env['torch']}, TE {env['transformer_engine']}; {len(sweep['rows'])} "
                      f"timed runs; [`{path.name}`]({RESULTS_LINK}/h200_analyze/{path.name})): "

@@ -402,8 +402,10 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
 # ---------------------------------------------------------------------------------------------
 # Summary, tables, the whole run
 
-def summarize(results: list[dict]) -> dict:
-    """The headline ratios (medians from this run); None where this run lacks the variants."""
+def summarize(results: list[dict], speed_of_light: dict | None = None) -> dict:
+    """The headline ratios (medians from this run); None where this run lacks the variants.
+    With the report's `speed_of_light` section (`python -m moe_tutorial speed-of-light`,
+    merged in): the best step's floor in its precision over its measured time."""
     ok = [r for r in results if r.get("status") == "ok"]
 
     def expert_best(shape, kind=None):
@@ -429,6 +431,16 @@ def summarize(results: list[dict]) -> dict:
             return best[key] / train[name][key]
         return best[key] / train[name][key]
 
+    bf16_steps = [r for r in ours if precision_kind(row_precision(r)) == "bf16"]
+    best_bf16 = max(bf16_steps, key=lambda r: r["tokens_per_s"]) if bf16_steps else None
+    compiled = train.get("hf_grouped_mm_compiled")
+
+    def fraction_of_floor():
+        if best is None or not speed_of_light:
+            return None
+        floor_ms = speed_of_light["floors"][precision_kind(row_precision(best))]["total_ms"]
+        return floor_ms / best["median_ms"] if floor_ms is not None else None
+
     def fp8_vs_bf16(shape):  # > 1: FP8 pays for this shape; < 1: it loses, by this factor
         bf16, fp8 = expert_best(shape, "bf16"), expert_best(shape, "fp8")
         return fp8 / bf16 if bf16 and fp8 else None
@@ -446,6 +458,11 @@ def summarize(results: list[dict]) -> dict:
         "train_step_speedup_vs_hf_grouped_mm": vs("hf_grouped_mm"),
         "train_step_speedup_vs_hf_grouped_mm_compiled": vs("hf_grouped_mm_compiled"),
         "train_step_peak_mem_ratio_vs_hf_grouped_mm": vs("hf_grouped_mm", "peak_memory_gb"),
+        # What the grouped experts and fusions buy without FP8
+        "train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled": (
+            best_bf16["tokens_per_s"] / compiled["tokens_per_s"] if best_bf16 and compiled
+            else None),
+        "train_step_fraction_of_speed_of_light": fraction_of_floor(),
     }
 
 
@@ -617,6 +634,12 @@ def merge_reports(reports: list[dict]) -> dict:
     if incomplete:
         raise ValueError(f"report(s) {incomplete} did not finish (complete=False): rerun them")
     results = [row for r in reports for row in r["results"]]
+    # The speed-of-light part (`speed-of-light --out`, no results of its own) describes the
+    # training-step rows' workload; the newest one wins
+    sections = [r["speed_of_light"] for r in reports if r.get("speed_of_light")]
+    speed_of_light = sections[-1] if sections else None
+    if speed_of_light is not None:
+        _check_same_workload(speed_of_light, results)
     return {"environment": reports[0]["environment"],  # its date: when the run started
             # A report merged before keeps its own parts: one entry per run, however merged
             "parts": [part for r in reports for part in r.get("parts") or [
@@ -625,7 +648,22 @@ def merge_reports(reports: list[dict]) -> dict:
             # The MFU of a training-step row is quoted against the peaks measured in its own run
             **Peaks.from_dict(next((r for r in reversed(reports) if any(
                 row.get("part") == "train" for row in r["results"])), reports[-1])).to_dict(),
-            "results": results, "summary": summarize(results), "complete": True}
+            "results": results, "summary": summarize(results, speed_of_light),
+            **({"speed_of_light": speed_of_light} if speed_of_light else {}), "complete": True}
+
+
+def _check_same_workload(speed_of_light: dict, results: list[dict]) -> None:
+    """A floor is only the training-step rows' floor when it was computed for their batch and
+    sequence length (and written by a course version that records its workload)."""
+    workload = speed_of_light.get("workload")
+    if workload is None:
+        raise ValueError("the speed_of_light part records no workload (written by an older "
+                         "version): rerun python -m moe_tutorial speed-of-light --out FILE")
+    steps = {(r["batch"], r["seq_len"]) for r in results if r.get("part") == "train"}
+    if steps - {(workload["batch"], workload["seq_len"])}:
+        raise ValueError(f"the speed_of_light part is for batch {workload['batch']} × "
+                         f"{workload['seq_len']}, the training-step rows for "
+                         f"{sorted(steps)}: rerun speed-of-light with their --batch and --seq-len")
 
 
 def profile_train_step(config, name: str | Variant, *, batch: int = 2, seq_len: int = 4096,

@@ -627,7 +627,10 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     """`python -m moe_tutorial speed-of-light`: the rates (measured on `device`, or read from the
     `committed` result file), the step's floor in bf16 and FP8, and with `profile_upto` each
     course chapter's profiled step against its precision's floor; prints the tables and returns
-    {"speed_of_light": section} (what `--out` writes). `layers`: the preset at another depth."""
+    what `--out` writes: a part of a benchmark report (`environment`, no `results`, and the
+    `speed_of_light` section with the `workload` it was computed for), which `bench --merge`
+    adds to the report of the training-step run it describes. `layers`: the preset at another
+    depth."""
     from . import hardware
     from .config import preset
     from .step_profile import chapter_breakdowns
@@ -657,7 +660,10 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     te = caps.env.te_version if caps.has_te else None
     if not te:
         print(f"Transformer Engine: {caps.env.te_import_error or 'not installed'}")
-    return {"speed_of_light": {**section(rates, comparisons),
+    workload = {"preset": preset_name, "num_layers": config.num_layers, "batch": batch,
+                "seq_len": seq_len, "optimizer": optimizer}
+    return {"environment": timing.environment(), "results": [],
+            "speed_of_light": {**section(rates, comparisons), "workload": workload,
                                "floors": {p: fl.to_dict() for p, fl in floors.items()},
                                "skipped": skipped, "transformer_engine": te,
                                "transformer_engine_error": None if te else caps.env.te_import_error}}

@@ -114,6 +114,38 @@ def test_summary_ratios():
     assert s["train_step_speedup_vs_hf_eager"] == 3.0 and s["train_step_speedup_vs_hf_grouped_mm"] == 2.0
     assert s["train_step_speedup_vs_hf_grouped_mm_compiled"] is None
     assert s["train_step_peak_mem_ratio_vs_hf_grouped_mm"] == pytest.approx(0.9)
+    assert s["train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled"] is None  # bf16 ran OOM
+    assert s["train_step_fraction_of_speed_of_light"] is None  # no speed_of_light section
+    compiled = dict(part="train", variant="hf_grouped_mm_compiled", status="ok",
+                    tokens_per_s=160.0)
+    bf16 = dict(part="train", variant="ours_grouped_torch_bf16", status="ok", tokens_per_s=200.0)
+    fp8 = dict(results[6], median_ms=80.0)
+    floors = {"floors": {"bf16": {"total_ms": 70.0}, "fp8": {"total_ms": 56.0}}}
+    s = bench.summarize([results[4], compiled, bf16, fp8], floors)
+    assert s["train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled"] == 1.25
+    assert s["train_step_fraction_of_speed_of_light"] == pytest.approx(0.7)  # the FP8 floor
+
+
+def test_merging_a_speed_of_light_part():
+    """The section `speed-of-light --out` writes joins the report of the step it describes,
+    summary recomputed against its floor; a section for another workload, or one that records
+    none, is refused."""
+    env = {"gpu": "test device", "torch": torch.__version__}
+    train = {"environment": env, "results": [dict(
+        part="train", variant="ours_te_ops_bf16", status="ok", batch=2, seq_len=32,
+        tokens_per_s=100.0, median_ms=10.0)]}
+    section = {"workload": {"preset": "tiny", "num_layers": 2, "batch": 2, "seq_len": 32,
+                            "optimizer": "adamw"},
+               "floors": {"bf16": {"total_ms": 4.0}, "fp8": {"total_ms": 3.0}}}
+    part = {"environment": env, "results": [], "speed_of_light": section}
+    merged = bench.merge_reports([train, part])
+    assert merged["speed_of_light"] == section and merged["results"] == train["results"]
+    assert merged["summary"]["train_step_fraction_of_speed_of_light"] == pytest.approx(0.4)
+    other = dict(section, workload=dict(section["workload"], seq_len=64))
+    with pytest.raises(ValueError, match="batch 2 × 64"):
+        bench.merge_reports([train, dict(part, speed_of_light=other)])
+    with pytest.raises(ValueError, match="records no workload"):
+        bench.merge_reports([train, dict(part, speed_of_light={"floors": section["floors"]})])
 
 
 @pytest.mark.slow

@@ -158,13 +158,24 @@ def test_missing_rates_are_not_computable_and_stand_ins_are_noted():
 # ---------------------------------------------------------------------------------------------
 # The committed H200 rates
 
-def test_from_committed_reads_the_json_fields():
+def test_from_committed_reads_the_speed_of_light_section():
     report = committed_report()
     rates = sol.Rates.from_committed()
+    section = report["speed_of_light"]["rates"]
+    assert all(getattr(rates, name) == section[name] for name in sol.RATE_FIELDS)
+    assert all(getattr(rates, name) is not None for name in sol.RATE_FIELDS)  # all six measured
+    assert rates.device == report["environment"]["gpu"] == section["device"]
+    assert rates.sources["hbm_gb_per_s"].endswith(f"({section['sources']['hbm_gb_per_s']})")
+
+
+def test_a_report_without_a_section_has_only_its_dense_peaks(tmp_path):
+    report = committed_report()
+    del report["speed_of_light"]
+    path = tmp_path / "h200_no_section.json"
+    path.write_text(json.dumps(report))
+    rates = sol.Rates.from_committed(path)
     assert rates.dense_bf16_tflops == report["dense_bf16_tflops_measured"]
     assert rates.dense_fp8_tflops == report["dense_fp8_tflops_measured"]
-    assert rates.device == report["environment"]["gpu"]
-    assert "speed_of_light" not in report  # as committed: these three are not in the file
     assert rates.hbm_gb_per_s is rates.attention_tflops is rates.expert_fp8_tflops is None
     assert rates.sources["dense_bf16_tflops"].endswith("dense_bf16_tflops_measured")
     assert all(rates.sources[name].startswith("missing:")
@@ -172,12 +183,16 @@ def test_from_committed_reads_the_json_fields():
 
 
 def test_the_committed_fp8_step_is_above_its_floor():
-    row = next(r for r in committed_report()["results"]
+    report = committed_report()
+    row = next(r for r in report["results"]
                if r.get("part") == "train" and r["variant"] == "ours_te_ops_fp8")
     fl = sol.floor(sol.step_work(MIXTRAL, row["batch"], row["seq_len"], precision="fp8"),
                    sol.Rates.from_committed())
-    assert fl.total_ms is None  # no bandwidth in the file: only a lower bound
-    assert 0 < fl.lower_bound_ms < row["median_ms"]
+    assert fl.complete and 0 < fl.total_ms < row["median_ms"]
+    # the floor merged into the report is the one these rates give for this step
+    assert math.isclose(fl.total_ms, report["speed_of_light"]["floors"]["fp8"]["total_ms"])
+    assert math.isclose(report["summary"]["train_step_fraction_of_speed_of_light"],
+                        fl.total_ms / row["median_ms"])
     comparison = sol.compare(fl, step_ms=row["median_ms"])
     assert comparison.percent_of_floor > 100 and comparison.rows == ()
 
@@ -240,7 +255,10 @@ def test_the_command_line_compares_each_chapter_with_its_precisions_floor(tmp_pa
     assert variants["grouped GEMM"]["floor"]["work"]["precision"] == "bf16"
     assert variants["FP8 te.ops"]["floor"]["work"]["precision"] == "fp8"
     assert result["speed_of_light"]["rates"]["dense_fp8_tflops"] == committed_report()[
-        "dense_fp8_tflops_measured"]
+        "speed_of_light"]["rates"]["dense_fp8_tflops"]
+    assert result["speed_of_light"]["workload"] == {"preset": "tiny", "num_layers": 2, "batch": 2,
+                                                    "seq_len": 32, "optimizer": "adamw"}
+    assert result["results"] == [] and result["environment"]["torch"] == torch.__version__
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,8 +90,21 @@ def test_step_in_backward_is_adamw_stepped_early():
     """The same AdamW update (groups, weight decay, a learning rate set between steps through
     param_groups) as make_optimizer's, applied as each gradient completes; the gradients are freed
     by the end of the backward pass."""
+    _check_step_in_backward("cpu")
+
+
+@pytest.mark.gpu
+def test_step_in_backward_on_a_side_stream_is_adamw_stepped_early():
+    """On a GPU the updates run on a side stream: still the same AdamW, and the next step sees
+    every update (`step()` orders the streams)."""
+    _check_step_in_backward("cuda")
+
+
+def _check_step_in_backward(device):
     settings = TrainSettings(lr=1e-2, steps=3, warmup_steps=0)
     model, batches = _tiny_model_and_batches()
+    model = model.to(device)
+    batches = [tuple(t.to(device) for t in b) for b in batches]
     early = copy.deepcopy(model)
     reference, stepped = make_optimizer(model, settings), make_step_in_backward(early, settings)
     assert isinstance(stepped, StepInBackward)
@@ -102,6 +115,7 @@ def test_step_in_backward_is_adamw_stepped_early():
         train_step(model, batch, reference, grad_clip=None)
         train_step(early, batch, stepped, grad_clip=None)
         assert all(p.grad is None for p in early.parameters())
+    assert (stepped._stream is not None) == (device == "cuda")
     for (name, want), got in zip(model.named_parameters(), early.parameters()):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-7), name
     stepped.remove()

@@ -661,8 +661,31 @@ def h200_fsdp2_world1() -> str:
         f"before the backward pass (the weights are resharded after the forward pass), and "
         f"every gradient, twice, on its way to its sharded one (the world-size-1 paths of torch "
         f"2.13's `fsdp/_fully_shard/_fsdp_param_group.py` and `_fsdp_collectives.py`; the H200 "
-        f"ran torch 2.11, whose source was not read here). No profile of this run was taken: "
-        f"`--breakdown` on the same command measures where the time goes.")
+        f"ran torch 2.11, whose source was not read here).\n\n" + _fsdp2_world1_profiles(data))
+
+
+def _fsdp2_world1_profiles(data: dict) -> str:
+    """The two steps profiled per part (kernel time), side by side, the largest gaps named."""
+    profiles = data["profiles"]
+    single = profiles["single"]["step_breakdown"]["part_ms"]
+    fsdp2 = profiles["fsdp2"]["step_breakdown"]["part_ms"]
+    rows = [[part, f"{single[part]:.1f}", f"{fsdp2[part]:.1f}", f"{fsdp2[part] - single[part]:+.1f}"]
+            for part in single]
+    totals = [profiles[k]["step_breakdown"]["total_ms"] for k in ("single", "fsdp2")]
+    rows.append(["**whole step (profiled)**", f"**{totals[0]:.1f}**", f"**{totals[1]:.1f}**",
+                 f"**{totals[1] - totals[0]:+.1f}**"])
+    largest = sorted(single, key=lambda part: single[part] - fsdp2[part])[:3]
+    named = ", ".join(f"{part} {fsdp2[part] - single[part]:+.1f} ms" for part in largest)
+    return ("Where the time goes, each step profiled (`torch.profiler`, kernel time per part of "
+            "`step_profile.PARTS`, ms per step; "
+            f"`{profiles['fsdp2']['command']}`, and the non-distributed step as "
+            f"`{profiles['single']['command']}`, its chapter {profiles['single']['chapter']}):\n\n"
+            + _table(["part", "non-distributed", "FSDP2, world size 1", "difference"],
+                     ["---", "---:", "---:", "---:"], rows)
+            + f"\n\nThe largest differences: {named}. Idle time is GPU time with no kernel "
+            "running: the GPU waited, for the CPU (FSDP2 runs Python hooks around every sharded "
+            "module) or for an event between FSDP2's streams; this profile does not tell the two "
+            "apart. The issue's target, the same speed within noise, is not met.")
 
 
 def _layers(command: str) -> int:

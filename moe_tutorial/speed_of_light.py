@@ -614,11 +614,85 @@ def section(rates: Rates, comparisons: dict[str, Comparison]) -> dict:
             "variants": {name: c.to_dict() for name, c in comparisons.items()}}
 
 
+def committed_section(path: str | Path = COMMITTED_RESULTS) -> dict:
+    """The `speed_of_light` section of a benchmark report (h200.json as committed): its rates,
+    the floors and each profiled chapter's comparison."""
+    doc = json.loads(results_path(path).read_text())
+    if not doc.get("speed_of_light"):
+        raise ValueError(f"{path} has no speed_of_light section: run `python -m moe_tutorial "
+                         f"speed-of-light --profile-upto fp8 --out FILE` on a GPU and merge FILE "
+                         f"into it (`bench --merge`)")
+    return doc["speed_of_light"]
+
+
+def floor_bars(section: dict) -> dict[str, StepBreakdown]:
+    """Each profiled step of a `speed_of_light` section as two bars for
+    `step_profile.breakdown_figure`: the measured step by part, then its floor by part (a part
+    with no floor, such as launch gaps, is 0 there)."""
+    variants = {label: c for label, c in section.get("variants", {}).items() if c.get("rows")}
+    if not variants:
+        raise ValueError("this speed_of_light section has no profiled step: run speed-of-light "
+                         "with --profile-upto")
+    bars = {}
+    for label, c in variants.items():
+        measured = {row["part"]: row["measured_ms"] for row in c["rows"]}
+        floor_ms = {row["part"]: row["floor_ms"] or 0.0 for row in c["rows"]}
+        source = c["measured_by"].removeprefix("profiled step (").removesuffix(")")
+        bars[label] = StepBreakdown(measured, c["measured_ms"], 0, source, "", 1)
+        bars[f"{label}: floor"] = StepBreakdown(floor_ms, c["floor_lower_bound_ms"], 0, source,
+                                                "", 1)
+    return bars
+
+
+def show_against_floor(section: dict, *, title: str) -> None:
+    """Stacked bars (each profiled step, then its floor, by part), and one sentence per step:
+    its floor over its time, and the parts furthest above their floors."""
+    from . import widgets
+    from .step_profile import breakdown_figure
+
+    fig = breakdown_figure(floor_bars(section), title=title)
+    if fig is None:
+        print("plotly is not installed (pip install plotly): the sentences only.")
+    else:
+        fig.update_layout(xaxis_title="ms per training step: profiled (torch.profiler), and "
+                                      "the floor from the measured rates")
+        widgets.show_figure(fig)
+    for label, c in section["variants"].items():
+        gaps = sorted((r for r in c["rows"] if r["measured_ms"] is not None),
+                      key=lambda r: r["measured_ms"] - (r["floor_ms"] or 0), reverse=True)[:3]
+        named = ", ".join(f"{r['part']} {r['measured_ms'] - (r['floor_ms'] or 0):.1f} ms"
+                          for r in gaps)
+        print(f"{label}: {c['measured_ms']:.1f} ms against a floor of "
+              f"{c['floor_lower_bound_ms']:.1f} ms ({c['floor_lower_bound_ms'] / c['measured_ms']:.0%}"
+              f" of the speed of light); furthest above their floors: {named}.")
+
+
+def for_course_bars(bars, *, mode: str, device) -> dict:
+    """A `speed_of_light` section for the chapters' bars a notebook just profiled
+    (`step_profile.course_bars(..., mode=mode)`): the rates measured now on `device`, the floors
+    of the model and batch those bars ran, each bar against its precision's floor."""
+    from .config import preset
+    from .step_profile import COURSE_BARS
+
+    name, batch, seq_len = COURSE_BARS[mode]
+    config = preset(name)
+    rates = measure_rates(device, config, batch, seq_len)
+    floors = {p: floor(step_work(config, batch, seq_len, precision=p), rates) for p in PRECISIONS}
+    return section(rates, chapter_comparisons(bars, floors))
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line: python -m moe_tutorial.speed_of_light
 
 def _chapter_precision(label: str) -> str:
     return "fp8" if label.startswith(CHAPTER_LABELS["fp8"]) else "bf16"
+
+
+def chapter_comparisons(bars, floors: dict[str, Floor]) -> dict[str, Comparison]:
+    """Each chapter's profiled step (`step_profile.ChapterBars`) against the floor of its
+    precision (`floors`: {"bf16": Floor, "fp8": Floor})."""
+    return {label: compare(floors[_chapter_precision(label)], b)
+            for label, b in bars.breakdowns.items()}
 
 
 def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | None = None,
@@ -648,8 +722,7 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     if profile_upto:
         bars = chapter_breakdowns(config, upto=profile_upto, device=device, batch=batch,
                                   seq_len=seq_len)
-        comparisons = {label: compare(floors[_chapter_precision(label)], b)
-                       for label, b in bars.breakdowns.items()}
+        comparisons = chapter_comparisons(bars, floors)
         skipped = dict(bars.skipped)
     for fl in floors.values():
         print(format_table(fl) + "\n")

@@ -328,3 +328,49 @@ def test_the_command_line_keeps_an_earlier_result(tmp_path, capsys, monkeypatch)
     out.write_text("{}")
     assert cli_main(["speed-of-light", "--out", str(out)]) == 2
     assert "--replace" in capsys.readouterr().err and out.read_text() == "{}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Shown in notebook 05
+
+def test_floor_bars_pair_each_profiled_step_with_its_floor():
+    section = sol.committed_section()
+    bars = sol.floor_bars(section)
+    assert list(bars) == [name for label in section["variants"]
+                          for name in (label, f"{label}: floor")]
+    for label, c in section["variants"].items():
+        measured, floor_bar = bars[label], bars[f"{label}: floor"]
+        assert math.isclose(sum(measured.part_ms.values()), c["measured_ms"], rel_tol=1e-6)
+        assert math.isclose(floor_bar.total_ms, c["floor_ms"])
+        # the floor bar's parts are the section's per-part floors, and sum to the step's floor
+        assert math.isclose(sum(floor_bar.part_ms.values()), c["floor_ms"], rel_tol=1e-6)
+        assert floor_bar.part_ms["launch gaps / idle"] == 0
+    with pytest.raises(ValueError, match="no profiled step"):
+        sol.floor_bars({"variants": {"v": {"rows": []}}})
+
+
+def test_show_against_floor_names_each_steps_distance_and_largest_gaps(capsys):
+    section = sol.committed_section()
+    sol.show_against_floor(section, title="t")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "floor of" in line]
+    assert len(lines) == len(section["variants"])
+    fp8 = section["variants"]["FP8 te.ops"]
+    assert f"{fp8['floor_lower_bound_ms'] / fp8['measured_ms']:.0%} of the speed of light" in lines[-1]
+
+
+def test_a_report_without_a_section_says_how_to_get_one(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"environment": {"gpu": "x"}, "results": []}))
+    with pytest.raises(ValueError, match="no speed_of_light section: run"):
+        sol.committed_section(path)
+
+
+def test_for_course_bars_sets_a_notebooks_bars_against_this_machines_floor():
+    bars = step_profile.ChapterBars({"grouped GEMM": synthetic_breakdown(1.0)}, {})
+    section = sol.for_course_bars(bars, mode="small", device="cpu")
+    (label, c), = section["variants"].items()
+    name, batch, seq_len = step_profile.COURSE_BARS["small"]
+    assert label == "grouped GEMM" and section["rates"]["device"] == "cpu"
+    assert c["floor"]["work"]["batch"] == batch and c["floor"]["work"]["seq_len"] == seq_len
+    assert c["floor"]["work"]["precision"] == "bf16"
+    assert c["measured_ms"] == synthetic_breakdown(1.0).total_ms

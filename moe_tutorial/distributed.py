@@ -431,7 +431,8 @@ def mixed_precision(compute_dtype: torch.dtype, state_dtype: torch.dtype):
 
 
 def checkpoint_activations(model: nn.Module) -> nn.Module:
-    """Activation checkpointing of every decoder layer: its forward keeps only its input for the
+    """Activation checkpointing of every decoder layer (`model.model.layers`: ours, or HF's
+    Mixtral): its forward keeps only its input for the
     backward pass, which runs the layer's forward again (about a third more compute) to rebuild
     the rest. The recomputation repeats the layer's all-to-alls, in the same order on every
     rank. Apply before `fully_shard_layout` (PyTorch's composable `checkpoint`, which FSDP2

@@ -260,6 +260,8 @@ def _bench_model(args, config, layout, device):
 
         hf = hf_mixtral(model, "grouped_mm")
         del model  # only HF's copy of the weights stays on the device
+        if args.activation_checkpointing:  # HF's decoder layers, as ours: before FSDP2
+            distributed.checkpoint_activations(hf)
         after_backward = None
         if args.engine == "replicated":
             after_backward = lambda: distributed.average_gradients(hf, layout)  # noqa: E731

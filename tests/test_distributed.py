@@ -191,3 +191,20 @@ def test_a_crash_before_the_results_were_written_fails_the_launch(monkeypatch):
         "os.abort()"))
     with pytest.raises(RuntimeError, match="terminate called"):
         launch(2, "--mode", "bench", echo=False)
+
+
+def test_the_hf_baseline_takes_activation_checkpointing_too():
+    """`--model hf --activation-checkpointing` recomputes HF's decoder layers as ours are
+    (it was silently ignored before)."""
+    from torch.distributed._composable import checkpoint
+
+    args = train_dist.parse_args(["--mode", "bench", "--model", "hf", "--engine", "replicated",
+                                  "--dp", "1", "--ep", "1", "--activation-checkpointing"])
+    layout = distributed.Layout(1, 1, 0, 0, None, None)
+    hf, _, _ = train_dist._bench_model(args, preset("tiny"), layout, torch.device("cpu"))
+    assert hf.model.layers and all(checkpoint.state(layer) is not None
+                                   for layer in hf.model.layers)
+    args = train_dist.parse_args(["--mode", "bench", "--model", "hf", "--engine", "replicated",
+                                  "--dp", "1", "--ep", "1"])
+    hf, _, _ = train_dist._bench_model(args, preset("tiny"), layout, torch.device("cpu"))
+    assert all(checkpoint.state(layer) is None for layer in hf.model.layers)

@@ -402,6 +402,21 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
 # ---------------------------------------------------------------------------------------------
 # Summary, tables, the whole run
 
+def best_step(train_rows, kind: str | None = None) -> dict | None:
+    """Our fastest training-step row that ran (of precision kind "bf16" or "fp8" when `kind` is
+    given; HF's baselines are never it), or None."""
+    ours = [r for r in train_rows if r.get("status") == "ok" and r["variant"] in VARIANTS
+            and not VARIANTS[r["variant"]].hf
+            and (kind is None or precision_kind(row_precision(r)) == kind)]
+    return max(ours, key=lambda r: r["tokens_per_s"]) if ours else None
+
+
+def step_floor_ms(row: dict, speed_of_light: dict) -> float | None:
+    """A training-step row's floor: the `speed_of_light` section's floor of the row's precision
+    (None where that floor is incomplete)."""
+    return speed_of_light["floors"][precision_kind(row_precision(row))]["total_ms"]
+
+
 def summarize(results: list[dict], speed_of_light: dict | None = None) -> dict:
     """The headline ratios (medians from this run); None where this run lacks the variants.
     With the report's `speed_of_light` section (`python -m moe_tutorial speed-of-light`,
@@ -419,8 +434,7 @@ def summarize(results: list[dict], speed_of_light: dict | None = None) -> dict:
         return loop[0]["median_ms"] / min(r["median_ms"] for r in rows)
 
     train = {r["variant"]: r for r in ok if r["part"] == "train"}
-    ours = [r for v, r in train.items() if v in VARIANTS and not VARIANTS[v].hf]
-    best = max(ours, key=lambda r: r["tokens_per_s"]) if ours else None
+    best = best_step(train.values())
 
     def vs(name, key="tokens_per_s"):
         if best is None or name not in train:
@@ -431,14 +445,13 @@ def summarize(results: list[dict], speed_of_light: dict | None = None) -> dict:
             return best[key] / train[name][key]
         return best[key] / train[name][key]
 
-    bf16_steps = [r for r in ours if precision_kind(row_precision(r)) == "bf16"]
-    best_bf16 = max(bf16_steps, key=lambda r: r["tokens_per_s"]) if bf16_steps else None
+    best_bf16 = best_step(train.values(), "bf16")
     compiled = train.get("hf_grouped_mm_compiled")
 
     def fraction_of_floor():
         if best is None or not speed_of_light:
             return None
-        floor_ms = speed_of_light["floors"][precision_kind(row_precision(best))]["total_ms"]
+        floor_ms = step_floor_ms(best, speed_of_light)
         return floor_ms / best["median_ms"] if floor_ms is not None else None
 
     def fp8_vs_bf16(shape):  # > 1: FP8 pays for this shape; < 1: it loses, by this factor

@@ -318,7 +318,7 @@ def check_device(device: str) -> None:
         raise RunError(str(exc)) from None
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a temporary file next to it, renamed over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # the usual permissions, unlike mkstemp's
     tmp.write_text(text, encoding="utf-8")
@@ -370,7 +370,7 @@ def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *
                 (out_dir / name).unlink(missing_ok=True)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(out_dir / RUN_MANIFEST, json.dumps(
+        write_atomically(out_dir / RUN_MANIFEST, json.dumps(
             {"written_by": "python -m moe_tutorial run", "files": sorted(files)}, indent=1) + "\n")
     except OSError as exc:
         raise RunError(f"--out {out_dir} cannot be written ({exc.strerror or exc}); "
@@ -659,7 +659,7 @@ this run, on this machine; figures quoted from elsewhere name their source in th
 <p class="muted">Written by <code>python -m moe_tutorial run</code>.</p>
 </body></html>
 """
-    _write_atomically(course.report, page)  # whole or not at all: a stopped run leaves no half page
+    write_atomically(course.report, page)  # whole or not at all: a stopped run leaves no half page
     return course.report
 
 

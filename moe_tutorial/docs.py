@@ -259,11 +259,11 @@ def _mfu(row: dict, report: dict, kind: str) -> str:
 def train_step_table(report: dict) -> str:
     """The training-step table of a bench report: MFU against the peak of each row's precision
     (the headline for FP8 rows) and against the bf16 peak, each measured / datasheet."""
-    from .bench import row_precision
+    from .bench import row_precision, step_floor_ms
 
     best = report["summary"]["train_step_best_variant"]
     # With a speed_of_light section: each row's floor (its precision's) and floor ÷ measured
-    floors = (report.get("speed_of_light") or {}).get("floors")
+    floors = bool(report.get("speed_of_light"))
     rows = []
     for variant, r in _train_rows(report).items():
         precision = row_precision(r)
@@ -275,7 +275,7 @@ def train_step_table(report: dict) -> str:
         mem = "–" if r.get("peak_memory_gb") is None else f"{r['peak_memory_gb']:.1f}"
         floor_cell = []
         if floors:
-            floor_ms = floors[precision]["total_ms"]
+            floor_ms = step_floor_ms(r, report["speed_of_light"])
             floor_cell = ["–" if floor_ms is None else
                           f"{floor_ms:.1f} ({floor_ms / r['median_ms']:.0%})"]
         rows.append(cells + [bold(f"{r['median_ms']:.1f}"), bold(f"{r['tokens_per_s']:,.0f}"),
@@ -346,7 +346,7 @@ TARGETS = [
 
 def _target_detail(report: dict, key: str) -> str:
     """Which variant reached the measured value."""
-    from .bench import precision_kind, row_precision
+    from .bench import best_step, precision_kind, row_precision, step_floor_ms
 
     if key.startswith("expert_"):
         shape = "mixtral" if "mixtral" in key else "fine_grained"
@@ -358,11 +358,9 @@ def _target_detail(report: dict, key: str) -> str:
     train = _train_rows(report)
     best = train[report["summary"]["train_step_best_variant"]]
     if key == "train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled":
-        best = max((r for r in train.values() if r.get("status") == "ok"
-                    and not r["variant"].startswith("hf_") and row_precision(r) == "bf16"),
-                   key=lambda r: r["tokens_per_s"])
+        best = best_step(train.values(), "bf16")
     if key == "train_step_fraction_of_speed_of_light":
-        floor_ms = report["speed_of_light"]["floors"][row_precision(best)]["total_ms"]
+        floor_ms = step_floor_ms(best, report["speed_of_light"])
         return f"floor {floor_ms:.1f} ms ÷ {best['median_ms']:.1f} ms, {_train_label(best['variant'])}"
     if key.endswith("peak_mem_ratio_vs_hf_grouped_mm"):
         return f"{best['peak_memory_gb']:.1f} vs {train['hf_grouped_mm']['peak_memory_gb']:.1f} GB"

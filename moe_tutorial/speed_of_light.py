@@ -614,6 +614,13 @@ def section(rates: Rates, comparisons: dict[str, Comparison]) -> dict:
             "variants": {name: c.to_dict() for name, c in comparisons.items()}}
 
 
+def step_floors(config: MoEConfig, batch: int, seq_len: int, rates: Rates, *,
+                optimizer: str = "adamw") -> dict[str, Floor]:
+    """The step's floor in each precision (`PRECISIONS`) at these rates."""
+    return {p: floor(step_work(config, batch, seq_len, precision=p, optimizer=optimizer), rates)
+            for p in PRECISIONS}
+
+
 def committed_section(path: str | Path = COMMITTED_RESULTS) -> dict:
     """The `speed_of_light` section of a benchmark report (h200.json as committed): its rates,
     the floors and each profiled chapter's comparison."""
@@ -677,8 +684,7 @@ def for_course_bars(bars, *, mode: str, device) -> dict:
     name, batch, seq_len = COURSE_BARS[mode]
     config = preset(name)
     rates = measure_rates(device, config, batch, seq_len)
-    floors = {p: floor(step_work(config, batch, seq_len, precision=p), rates) for p in PRECISIONS}
-    return section(rates, chapter_comparisons(bars, floors))
+    return section(rates, chapter_comparisons(bars, step_floors(config, batch, seq_len, rates)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -716,8 +722,7 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     caps = hardware.capabilities()
     rates = (Rates.from_committed(committed) if committed else
              measure_rates(device, config, batch, seq_len))
-    floors = {p: floor(step_work(config, batch, seq_len, precision=p, optimizer=optimizer), rates)
-              for p in PRECISIONS}
+    floors = step_floors(config, batch, seq_len, rates, optimizer=optimizer)
     comparisons, skipped = {}, {}
     if profile_upto:
         bars = chapter_breakdowns(config, upto=profile_upto, device=device, batch=batch,

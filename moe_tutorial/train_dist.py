@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,7 @@ from torch.distributed.tensor import DTensor
 
 from . import distributed, routing
 from .config import DTYPES, MoEConfig, preset
+from .course import write_atomically
 from .dist_checkpoint import ShardedCheckpointing
 from .experts import TORCH_BACKENDS
 from .lesson import rel_error
@@ -493,9 +495,7 @@ def main(argv=None) -> int:
             report = {"mode": args.mode, "results": gathered}
             print("RESULT " + json.dumps(report))
             if args.out:  # whole or not at all: `launch` trusts a file that exists
-                with open(args.out + ".partial", "w") as f:
-                    json.dump(report, f, indent=1)
-                os.replace(args.out + ".partial", args.out)
+                write_atomically(Path(args.out), json.dumps(report, indent=1))
     finally:
         dist.destroy_process_group()
     return 0

@@ -16,6 +16,7 @@ import torch
 from .lesson import rel_error
 from .timing import (
     Peaks,
+    allocator_retries,
     environment,
     expert_mlp_flops,
     measure_peaks,
@@ -377,12 +378,15 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
             if row["loss_diff"] > row["loss_tolerance"]:
                 row["status"] = "wrong"
             else:
+                retries = allocator_retries(device)
                 t = time_fn(_timed_step(module, forward, opt, (inputs, targets)),
                             warmup=warmup, iters=iters, device=device)
                 tokens_per_s = tokens / (t.median_ms / 1e3)
                 row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
                            tokens_per_s=tokens_per_s, tflops=tflops(flops_per_step, t.median_ms),
                            peak_memory_gb=peak_memory_gb(device))
+                if retries is not None:  # the timed steps ran short of memory (timing.py)
+                    row["allocator_retries"] = allocator_retries(device) - retries
                 if not v.hf:
                     row["path"] = module.expert_paths()[0]
         except torch.cuda.OutOfMemoryError:

@@ -268,10 +268,11 @@ def clip_grad_norm(model: nn.Module, layout: Layout, max_norm: float) -> torch.T
     the norm of the whole model's gradient, not of this rank's part, and every rank scales its
     part by the same factor.
 
-    - FSDP2 (`fully_shard_layout`): every gradient is a DTensor and each of its elements lives
-      on exactly one rank (a dense slice on one rank of the world, an expert slice on one rank
-      of its dp group, and each ep rank has other experts), so the squared norm is the sum of
-      the local slices' squares over the world.
+    - FSDP2 (`fully_shard_layout`): each element of every gradient lives on exactly one rank (a
+      dense DTensor slice on one rank of the world, an expert slice on one rank of its dp
+      group, and each ep rank has other experts; with dp = 1 the expert gradients are plain
+      tensors, each ep shard's on its one rank), so the squared norm is the sum of the local
+      slices' squares over the world.
     - Replicated (`average_gradients`): dense gradients are the same on every rank and each
       expert shard's are on its ep rank only, so it is the dense part plus the expert parts
       summed over the ep group."""
@@ -380,7 +381,13 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
       get `set_gradient_divide_factor(world)`.
     FSDP2 divides by a custom factor with NCCL's PREMUL_SUM reduce-scatter, which gloo lacks
     ("Cannot use ReduceOp.PREMUL_SUM with Gloo"), so on CPU the expert shards reduce with SUM and
-    divide afterwards (`set_force_sum_reduction_for_comms`); gloo has AVG, the dense default."""
+    divide afterwards (`set_force_sum_reduction_for_comms`); gloo has AVG, the dense default.
+
+    With dp = 1 and no mixed-precision cast, the experts stay outside FSDP2 (`ignored_params`,
+    `experts_outside_fsdp`): each ep shard lives on one rank only, so there is nothing to shard
+    and nothing to reduce, and FSDP2 would only copy them (into a gathered buffer before each
+    forward and backward pass, the gradient out of one after it), and they are most of the
+    model's parameters. Their gradients get the same 1/world factor from a gradient hook."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
     check_layout(dist.get_world_size(), layout.dp, layout.ep, model.config.num_experts)
@@ -391,10 +398,16 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
                                  for layer in model.model.layers):
         raise ValueError(f"ep={layout.ep} but this model's experts are not sharded over ep: "
                          f"call distributed.shard_experts(model, layout) first")
-    dp_mesh = _mesh(layout.dp_group)
     options = {"reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         options["mp_policy"] = mp_policy
+    if experts_outside_fsdp(layout, mp_policy):
+        unsharded = set()
+        for layer in model.model.layers:
+            unsharded |= _divide_gradients(layer.mlp.experts, layout.world)
+        return fully_shard_decoder(model, model.model.layers, ignored_params=unsharded,
+                                   **options)
+    dp_mesh = _mesh(layout.dp_group)
     # Innermost first: a module sharded already is skipped by its parent's fully_shard, so the
     # experts keep their dp mesh and each layer then takes only its dense parameters.
     for layer in model.model.layers:
@@ -405,6 +418,25 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
         # SUM's post-division (the expert gradients came out divided by world twice).
         experts.set_force_sum_reduction_for_comms(dist.get_backend() == "gloo" and layout.dp > 1)
     return fully_shard_decoder(model, model.model.layers, **options)
+
+
+def experts_outside_fsdp(layout: Layout, mp_policy=None) -> bool:
+    """Whether `fully_shard_layout` leaves the experts out of FSDP2: when each ep shard has a
+    dp group of one rank (nothing to shard or reduce) and no `mp_policy` casts the weights
+    (FSDP2's policy is what turns state-dtype weights into compute-dtype ones)."""
+    return layout.dp == 1 and mp_policy is None
+
+
+def _divide_gradients(experts: nn.Module, world: int) -> set[nn.Parameter]:
+    """The parameters of `experts`, each with a gradient hook dividing by `world` (what FSDP2's
+    `set_gradient_divide_factor(world)` does for sharded experts: the mean over all ranks of a
+    gradient that the all-to-all's backward already summed over the ep group). The hook scales
+    each incoming gradient before it is accumulated, so gradient accumulation stays right."""
+    params = set(experts.parameters())
+    if world > 1:
+        for p in params:
+            p.register_hook(lambda grad: grad / world)
+    return params
 
 
 def mixed_precision(compute_dtype: torch.dtype, state_dtype: torch.dtype):
@@ -455,17 +487,20 @@ def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def fully_shard_decoder(model: nn.Module, layers, *, mp_policy=None,
-                        reshard_after_forward: bool = True) -> nn.Module:
+                        reshard_after_forward: bool = True,
+                        ignored_params: set[nn.Parameter] | None = None) -> nn.Module:
     """FSDP2 over all ranks for every decoder layer in `layers`, then the root: the whole of
     the HF baseline (no expert parallelism), and the dense part of `fully_shard_layout`'s model
-    (whose experts it sharded first). Its gradients are the mean over all ranks (FSDP2's
-    default), as `average_gradients` makes them."""
+    (whose experts it sharded first, or left out as `ignored_params`). Its gradients are the
+    mean over all ranks (FSDP2's default), as `average_gradients` makes them."""
     from torch.distributed.fsdp import fully_shard
 
     world_mesh = _mesh(dist.group.WORLD)
     options = {"reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         options["mp_policy"] = mp_policy
+    if ignored_params:  # every fully_shard must skip them: the root would take them otherwise
+        options["ignored_params"] = ignored_params
     for layer in layers:
         fully_shard(layer, mesh=world_mesh, **options)
     return fully_shard(model, mesh=world_mesh, **options)

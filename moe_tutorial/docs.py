@@ -624,66 +624,129 @@ def h200x2_matrix() -> str:
 def h200_fsdp2_world1() -> str:
     """Issue 20's one-GPU check: the deepest Mixtral-width model `memory.predict` fits on one
     H200, its step through FSDP2 at world size 1 against the non-distributed step, each peak
-    next to its prediction."""
+    next to its prediction; and the same FSDP2 step before the experts were left out of it."""
     from . import memory
     from .config import preset
 
     data = _load("h200_fsdp2_world1.json")
     fsdp2, single = data["fsdp2"]["results"][0], data["single"]["results"][0]
+    before = data["before"]["fsdp2"]["results"][0]
+    before_single = data["before"]["single"]["results"][0]
     env = fsdp2["environment"]
     config = preset(fsdp2["preset"], layers=_layers(data["fsdp2"]["command"]))
-    predicted_single = memory.gib(memory.predict(
-        config, batch=single["batch"], seq_len=single["seq_len"], engine="single",
-        backend=fsdp2["backend"]).peak)
-    rows = [
-        [f"non-distributed (`bench`, `{single['variant']}`)", f"{single['median_ms']:.1f}",
-         f"{single['tokens_per_s']:,.0f}", f"{single['peak_memory_gb']:.1f}",
-         f"{predicted_single:.1f}", f"{predicted_single / single['peak_memory_gb'] - 1:+.1%}"],
-        ["FSDP2, world size 1 (`train_dist`)", f"{fsdp2['median_ms']:.1f}",
-         f"{fsdp2['tokens_per_s_per_gpu']:,.0f}", f"{fsdp2['peak_memory_gb']:.1f}",
-         f"{fsdp2['predicted_peak_gb']:.1f}", f"{fsdp2['memory_prediction_error']:+.1%}"]]
-    total = env.get("gpu_total_memory_bytes")
+
+    ten = data["ten_layers"]
+    ten_fsdp2, ten_single = ten["fsdp2"]["results"][0], ten["single"]["results"][0]
+
+    def single_row(layers, r):
+        config = preset(r.get("preset", fsdp2["preset"]), layers=layers)
+        predicted = memory.gib(memory.predict(config, batch=r["batch"], seq_len=r["seq_len"],
+                                              engine="single", backend=fsdp2["backend"]).peak)
+        return [f"non-distributed (`bench`, `{r['variant']}`)", str(layers),
+                f"{r['median_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                f"{r['peak_memory_gb']:.1f}", f"{predicted:.1f}",
+                f"{predicted / r['peak_memory_gb'] - 1:+.1%}"]
+
+    def fsdp2_row(name, layers, r):
+        return [name, str(layers), f"{r['median_ms']:.1f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                f"{r['peak_memory_gb']:.1f}", f"{r['predicted_peak_gb']:.1f}",
+                f"{r['memory_prediction_error']:+.1%}"]
+    ten_layers = _layers(ten["fsdp2"]["command"])
+    rows = [single_row(config.num_layers, single),
+            fsdp2_row("FSDP2, world size 1 (`train_dist`)", config.num_layers, fsdp2),
+            single_row(ten_layers, ten_single),
+            fsdp2_row("FSDP2, world size 1", ten_layers, ten_fsdp2),
+            fsdp2_row("FSDP2, world size 1, experts under FSDP2 too (before; an earlier "
+                      "session, its prediction then)", _layers(data["before"]["fsdp2"]["command"]),
+                      before)]
+    total = env["gpu_total_memory_bytes"]
+    deepest = _deepest_fitting(fsdp2, total)
+    diagnosis = data["before"]["diagnosis"]
+    under = diagnosis["experts_under_fsdp2"]
+    steps = 8  # the diagnosis counted over 8 timed steps (its `recorded_by`)
+    allocs = under["per_8_timed_steps"]
+    cpu = under["cpu_self_ms_per_step"]
     return (
+        f"`memory.predict` puts the deepest Mixtral-width model that one {env['gpu']} "
+        f"({total / 2**30:.1f} GiB as torch reports it, less the "
+        f"{round(100 * memory.RESERVE_FRACTION)}% it keeps back) holds under FSDP2 at "
+        f"{deepest} layers ({fsdp2['batch_per_gpu']} × {fsdp2['seq_len']} tokens, bf16)"
+        + ("" if deepest == config.num_layers else
+           f"; the runs below are at {config.num_layers} layers, made before the prediction "
+           f"changed")
+        + ". The same model through the non-distributed step and through FSDP2 at world size "
+        "1:\n\n"
         f"`{fsdp2['preset']}` at {config.num_layers} layers ({config.parameter_counts()['total'] / 1e9:.1f} B "
         f"parameters), `{fsdp2['backend']}` experts, bf16 weights and AdamW state, "
-        f"{fsdp2['batch_per_gpu']} × {fsdp2['seq_len']} tokens; {env['gpu']}"
-        + (f" ({total / 2**30:.1f} GiB as torch reports it)" if total else "")
-        + f", torch {env['torch']}, TE {env['transformer_engine']}, {env['date']}; "
-        f"{_link('h200_fsdp2_world1.json')}. Each ran in its own call (`{data['single']['command']}`; "
-        f"`{data['fsdp2']['command']}`).\n\n"
-        + _table(["step", "ms/step", "tokens/s", "peak GiB", "predicted GiB", "prediction error"],
-                 ["---", "---:", "---:", "---:", "---:", "---:"], rows)
-        + f"\n\nFSDP2 at world size 1 took {fsdp2['median_ms'] / single['median_ms']:.2f}× the "
-        f"non-distributed step's time: with one rank nothing is sharded, but FSDP2 still copies "
-        f"every layer's weights into its unsharded parameters before the forward pass and again "
-        f"before the backward pass (the weights are resharded after the forward pass), and "
-        f"every gradient, twice, on its way to its sharded one (the world-size-1 paths of torch "
-        f"2.13's `fsdp/_fully_shard/_fsdp_param_group.py` and `_fsdp_collectives.py`; the H200 "
-        f"ran torch 2.11, whose source was not read here).\n\n" + _fsdp2_world1_profiles(data))
+        f"{fsdp2['batch_per_gpu']} × {fsdp2['seq_len']} tokens; {env['gpu']}, "
+        f"torch {env['torch']}, TE {env['transformer_engine']}, {env['date']}; "
+        f"{_link('h200_fsdp2_world1.json')}. Both ran in one GPU call (`{data['single']['command']}`; "
+        f"`{data['fsdp2']['command']}`), and so did the pair at {ten_layers} layers.\n\n"
+        + _table(["step", "layers", "ms/step", "tokens/s", "peak GiB", "predicted GiB",
+                  "prediction error"], ["---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+        + f"\n\nFSDP2 at world size 1 took {fsdp2['median_ms'] / single['median_ms']:.3f}× the "
+        f"non-distributed step's time at {config.num_layers} layers (medians of "
+        f"{fsdp2['median_ms']:.1f} and {single['median_ms']:.1f} ms) and "
+        f"{ten_fsdp2['median_ms'] / ten_single['median_ms']:.3f}× at {ten_layers} (the 10-layer "
+        f"pair ran in an earlier call of the same day), and the caching allocator never had to "
+        f"retry (`allocator_retries` {fsdp2['allocator_retries']} and "
+        f"{ten_fsdp2['allocator_retries']}).\n\n"
+        f"It used to take {before['median_ms'] / before_single['median_ms']:.2f}× at "
+        f"{_layers(data['before']['fsdp2']['command'])} layers (the last row, "
+        f"against that call's non-distributed {before_single['median_ms']:.1f} ms). With "
+        f"one rank nothing is sharded, yet FSDP2 copied every layer's weights into unsharded "
+        f"parameters before its forward and backward passes, and every gradient on its way to "
+        f"its shard (torch 2.13's world-size-1 paths in `fsdp/_fully_shard/"
+        f"_fsdp_param_group.py` and `_fsdp_collectives.py`). Most of those weights are the "
+        f"experts', and their buffers came on top of a step that already filled "
+        f"{diagnosis['non_distributed']['peak_gib']:.0f} of the GPU's GiB. A diagnostic run "
+        f"(the same model, step and optimizer, by a script outside the package; "
+        f"`before.diagnosis` in the JSON says how) counted "
+        f"{allocs['num_alloc_retries'] / steps:.0f} allocator retries and "
+        f"{allocs['num_device_alloc'] / steps:.0f} `cudaMalloc` + "
+        f"{allocs['num_device_free'] / steps:.0f} `cudaFree` calls per step, "
+        f"{cpu['cudaMalloc'] + cpu['cudaFree']:.0f} ms of CPU time in them (a `cudaFree` waits for "
+        f"the GPU to finish everything queued), against none in the non-distributed step. "
+        f"That is the idle time in the profile below. With dp = 1 each ep shard of the experts "
+        f"lives on one rank anyway, so `fully_shard_layout` now leaves the experts out of FSDP2 "
+        f"when no mixed-precision cast needs it (`distributed.experts_outside_fsdp`); FSDP2 "
+        f"shards the dense weights only, and the experts' gradients get FSDP2's 1/world factor "
+        f"from a hook.\n\n" + _fsdp2_world1_profiles(data))
+
+
+def _deepest_fitting(run: dict, gpu_bytes: int) -> int:
+    """The most layers of `run`'s preset whose FSDP2 world-1 step `memory.predict` fits in
+    `gpu_bytes` (with `memory.fits`'s reserve), at the run's batch and backend."""
+    from . import memory
+    from .config import preset
+
+    def fits(layers: int) -> bool:
+        config = preset(run["preset"], layers=layers)
+        return memory.fits(memory.predict(config, batch=run["batch_per_gpu"],
+                                          seq_len=run["seq_len"], engine="fsdp2",
+                                          backend=run["backend"]), gpu_bytes)
+    layers = 1
+    while fits(layers + 1):
+        layers += 1
+    return layers
 
 
 def _fsdp2_world1_profiles(data: dict) -> str:
-    """The two steps profiled per part (kernel time), side by side, the largest gaps named."""
-    profiles = data["profiles"]
-    single = profiles["single"]["step_breakdown"]["part_ms"]
-    fsdp2 = profiles["fsdp2"]["step_breakdown"]["part_ms"]
-    rows = [[part, f"{single[part]:.1f}", f"{fsdp2[part]:.1f}", f"{fsdp2[part] - single[part]:+.1f}"]
-            for part in single]
-    totals = [profiles[k]["step_breakdown"]["total_ms"] for k in ("single", "fsdp2")]
-    rows.append(["**whole step (profiled)**", f"**{totals[0]:.1f}**", f"**{totals[1]:.1f}**",
-                 f"**{totals[1] - totals[0]:+.1f}**"])
-    largest = sorted(single, key=lambda part: single[part] - fsdp2[part])[:3]
-    named = ", ".join(f"{part} {fsdp2[part] - single[part]:+.1f} ms" for part in largest)
-    return ("Where the time goes, each step profiled (`torch.profiler`, kernel time per part of "
-            "`step_profile.PARTS`, ms per step; "
-            f"`{profiles['fsdp2']['command']}`, and the non-distributed step as "
-            f"`{profiles['single']['command']}`, its chapter {profiles['single']['chapter']}):\n\n"
-            + _table(["part", "non-distributed", "FSDP2, world size 1", "difference"],
-                     ["---", "---:", "---:", "---:"], rows)
-            + f"\n\nThe largest differences: {named}. Idle time is GPU time with no kernel "
-            "running: the GPU waited, for the CPU (FSDP2 runs Python hooks around every sharded "
-            "module) or for an event between FSDP2's streams; this profile does not tell the two "
-            "apart. The issue's target, the same speed within noise, is not met.")
+    """The steps profiled per part (kernel time), side by side."""
+    columns = {"non-distributed": data["profiles"]["single"]["step_breakdown"],
+               "FSDP2, experts under FSDP2 (before)": data["before"]["profile"]["step_breakdown"],
+               "FSDP2 now": data["ten_layers"]["fsdp2"]["results"][0]["step_breakdown"]}
+    parts = list(columns["non-distributed"]["part_ms"])
+    rows = [[part] + [f"{c['part_ms'][part]:.1f}" for c in columns.values()] for part in parts]
+    rows.append(["**whole step (profiled)**"]
+                + [f"**{c['total_ms']:.1f}**" for c in columns.values()])
+    return ("Where the time goes at 10 layers, each step profiled (`torch.profiler`, kernel "
+            "time per part of `step_profile.PARTS`, ms per step): FSDP2 now by its 10-layer "
+            "run's `--breakdown`; before, "
+            f"by `{data['before']['profile']['command']}`; the non-distributed step in an "
+            f"earlier call, as `{data['profiles']['single']['command']}` (its chapter "
+            f"{data['profiles']['single']['chapter']}):\n\n"
+            + _table(["part", *columns], ["---", "---:", "---:", "---:"], rows))
 
 
 def _layers(command: str) -> int:

@@ -418,8 +418,11 @@ def predict(config: MoEConfig, *, batch: int, seq_len: int, dp: int = 1, ep: int
                               precision=precision, arch=arch, device=device,
                               expert_load=expert_load)
     recipe = _recipe(precision, arch)
+    # what `distributed.fully_shard_layout` leaves out of FSDP2 (`experts_outside_fsdp`)
+    experts_outside = (engine == "fsdp2" and dp == 1
+                       and (state_dtype or config.dtype) == config.dtype)
     sizes = _sizes(config, saved, batch * seq_len, dp, ep, engine, state, backend, recipe, arch,
-                   activation_checkpointing)
+                   activation_checkpointing, experts_outside)
     kept = training_state(config, dp, ep, engine, state_dtype)
     held = {part: kept[part] for part in ("parameters", "optimizer_state")}
     phases = {"forward": {**held, **_forward(sizes, config.num_layers, engine)},
@@ -433,7 +436,8 @@ def predict(config: MoEConfig, *, batch: int, seq_len: int, dp: int = 1, ep: int
     return MemoryPrediction(settings, phases, sizes)
 
 
-def _sizes(config, saved, tokens, dp, ep, engine, state, backend, recipe, arch, checkpointing):
+def _sizes(config, saved, tokens, dp, ep, engine, state, backend, recipe, arch, checkpointing,
+           experts_outside: bool):
     """The pieces the phases add up, in bytes."""
     compute = config.torch_dtype.itemsize
     params = layer_parameters(config, ep)
@@ -441,6 +445,12 @@ def _sizes(config, saved, tokens, dp, ep, engine, state, backend, recipe, arch, 
     loss_gradient = saved["head"]["loss gradient [tokens, vocab]"]
     fp8_layer = _fp8_copies_per_layer(params, recipe, arch, backend, engine)
     layer = params["layer_dense"] + params["layer_experts"]
+    # FSDP2 gathers (and reduce-scatters) what it wraps; with dp = 1 and no cast the experts
+    # stay outside it (`distributed.experts_outside_fsdp`), so a layer's gathered weights and
+    # gradient buffers are its dense part only. Their gradient hook divides by the world into
+    # a new tensor: one expert stack's gate-up gradient (2/3 of the layer's experts) at a time.
+    gathered = params["layer_dense"] if experts_outside else layer
+    divided = params["layer_experts"] * 2 // 3 * compute if experts_outside and ep > 1 else 0
     if engine == "fsdp2":  # the layer's shard of gradients, as FSDP2 keeps them
         world = dp * ep
         layer_gradients = (-(-params["layer_dense"] // world)
@@ -464,8 +474,10 @@ def _sizes(config, saved, tokens, dp, ep, engine, state, backend, recipe, arch, 
         # lm_head's and the final norm's gradients exist from the start of the backward pass.
         "head_gradients": (config.vocab_size + 1) * config.hidden_size * compute,
         "root_unsharded": params["root"] * compute,
-        "layer_unsharded": layer * compute,
-        "largest_group_unsharded": max(params["layer_dense"], params["layer_experts"]) * compute,
+        "layer_unsharded": gathered * compute,
+        "largest_group_unsharded": (params["layer_dense"] if experts_outside else
+                                    max(params["layer_dense"], params["layer_experts"])) * compute,
+        "divided_gradient": divided,
         "allreduce_buffer": (0 if engine != "replicated" else
                              parameters_per_rank(config, dp, ep, engine)["total"] * compute),
     }
@@ -518,7 +530,7 @@ def _backward(sizes: dict, layers: int, engine: str) -> dict:
         parts = {**parts,
                  "gathered_parameters": sizes["root_unsharded"] + 2 * sizes["layer_unsharded"],
                  "gradient_buffers": (sizes["layer_unsharded"] + sizes["largest_group_unsharded"]
-                                      + sizes["head_gradients"])}
+                                      + sizes["head_gradients"] + sizes["divided_gradient"])}
     return parts
 
 

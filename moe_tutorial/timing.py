@@ -201,6 +201,16 @@ def peak_memory_gb(device=None) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30
 
 
+def allocator_retries(device=None) -> int | None:
+    """How many times torch's caching allocator on a CUDA `device` has found no cached block
+    and no free memory, freed its whole cache (`cudaFree`, which waits for the GPU to finish
+    everything queued) and tried again; None on a CPU. A step that makes it retry is short of
+    memory, and pays with idle GPU time: take the count before and after timing it."""
+    if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+
+
 def reset_memory(device) -> None:
     """Free what the last measurement left (Python garbage, torch's cached blocks) and restart
     the peak-memory counter, so the next measurement's peak is its own."""

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from . import hardware
 from .data import check_count, iterate_batches
+from .distributed import is_expert_parameter
 from .model import MoEForCausalLM, check_batch
 
 
@@ -94,11 +95,22 @@ OPTIMIZERS = ("torch_adamw", "te_fused_adam")
 
 
 def _adamw_groups(model: torch.nn.Module, s: TrainSettings) -> list[dict]:
-    """The course's AdamW parameter groups: matrices decay, vectors (norm weights) do not."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    return [{"params": decay, "weight_decay": s.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    """The course's AdamW parameter groups: matrices decay, vectors (norm weights) do not; the
+    routed experts' parameters (`mlp.experts.`) in groups of their own. Under FSDP2 with dp = 1
+    the experts stay plain tensors while the rest are DTensor shards
+    (`distributed.experts_outside_fsdp`), and one fused AdamW kernel takes one kind; the split
+    depends on the model alone, so a checkpoint's groups match on every layout. Empty groups
+    are left out."""
+    groups = []
+    for experts in (False, True):
+        named = [(name, p) for name, p in model.named_parameters()
+                 if p.requires_grad and is_expert_parameter(name) == experts]
+        for decay in (True, False):
+            params = [p for _, p in named if (p.dim() >= 2) == decay]
+            if params:
+                groups.append({"params": params,
+                               "weight_decay": s.weight_decay if decay else 0.0})
+    return groups
 
 
 def make_optimizer(model: torch.nn.Module, s: TrainSettings,

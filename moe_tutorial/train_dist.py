@@ -48,7 +48,7 @@ from .dist_checkpoint import ShardedCheckpointing
 from .experts import TORCH_BACKENDS
 from .lesson import rel_error
 from .model import MoEForCausalLM, next_token_targets
-from .timing import environment, time_fn
+from .timing import allocator_retries, environment, time_fn
 
 
 def _setup() -> torch.device:
@@ -324,7 +324,9 @@ def bench(args, device) -> dict:
                    forward=forward, guard=False, after_backward=after_backward)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    retries = allocator_retries(device)
     timing = time_fn(step, warmup=args.warmup, iters=args.iters, device=device)
+    retries = None if retries is None else allocator_retries(device) - retries
     tokens = args.batch * args.seq_len
     tokens_per_s = tokens / (timing.median_ms / 1e3)
     comm_ms = None
@@ -355,6 +357,7 @@ def bench(args, device) -> dict:
               "pflops_per_gpu": 6 * config.active_params_per_token() * tokens_per_s / 1e15,
               "peak_memory_gb": peak_gb, "predicted_peak_gb": predicted_gb,
               "memory_prediction_error": (predicted_gb / peak_gb - 1 if peak_gb else None),
+              "allocator_retries": retries,
               "nccl_kernel_ms_per_step": comm_ms,
               "path": HF_PATH if args.model == "hf" else model.expert_paths()[0]}
     if args.breakdown:  # the step's time by part, communication included (CPU: gloo)

@@ -171,6 +171,17 @@ def _measured_peaks() -> list[dict]:
         runs.append({"config": m2l, "engine": "replicated", "dp": int(dp[2:]), "ep": int(ep[2:]),
                      "backend": "te_ops", "precision": precision, "batch": 2, "seq_len": 4096,
                      "gib": max(r["peak_memory_gb"] for r in run["ranks"]), "run": run["run"]})
+    # The deepest Mixtral-width models one H200 holds, non-distributed and under FSDP2 at world
+    # size 1 (its experts left out of FSDP2: `before` put them in, and is not this prediction's)
+    world1 = json.loads((RESULTS / "h200_fsdp2_world1.json").read_text())
+    for pair in (world1, world1["ten_layers"]):
+        layers = int(pair["fsdp2"]["command"].split("--layers ")[1].split()[0])
+        for engine, row in (("fsdp2", pair["fsdp2"]["results"][0]),
+                            ("single", pair["single"]["results"][0])):
+            runs.append({"config": preset("mixtral-2l", layers=layers), "engine": engine,
+                         "dp": 1, "ep": 1, "backend": "te_ops", "precision": "bf16",
+                         "batch": 2, "seq_len": 4096, "gib": row["peak_memory_gb"],
+                         "run": f"mixtral-2l {layers} layers {engine}"})
     matrix = json.loads((RESULTS / "h200x2_matrix_mixtral-8l.json").read_text())
     deeper = preset("mixtral-7l", num_layers=matrix["model"]["layers"])
     assert deeper.parameter_counts()["total"] == matrix["model"]["total_params"]
@@ -265,6 +276,17 @@ MIXTRAL = preset("mixtral-8x7b")
 
 def _mixtral(**options):
     return memory.predict(MIXTRAL, batch=1, seq_len=4096, **options)
+
+
+def test_fsdp_gathers_no_experts_that_one_rank_holds_alone():
+    """With dp = 1 FSDP2 leaves the experts out (`distributed.experts_outside_fsdp`): a layer's
+    gathered weights are its dense part; unless a mixed-precision cast needs FSDP2 for them."""
+    params = memory.layer_parameters(MIXTRAL, ep=8)
+    alone = _mixtral(dp=1, ep=8, engine="fsdp2")
+    assert alone.sizes["layer_unsharded"] == 2 * params["layer_dense"]  # bf16
+    cast = _mixtral(dp=1, ep=8, engine="fsdp2", state_dtype="float32")
+    assert cast.sizes["layer_unsharded"] == 2 * (params["layer_dense"] + params["layer_experts"])
+    assert alone.peak < _mixtral(dp=1, ep=8, engine="replicated").peak
 
 
 def test_fsdp_state_shrinks_with_the_world():

@@ -6,6 +6,7 @@ counts and peaks it measures with are in `timing`.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -231,6 +232,11 @@ class Variant:
     # AdamW stepped in the backward pass (`train.StepInBackward`): a generic training trick, so
     # HF gets it too, to separate what it buys from what the MoE/TE work buys
     step_in_backward: bool = False
+    # The training loss and its gradient from torch.compile's kernels (ours: the model's
+    # `compiled_loss`)
+    compiled_loss: bool = False
+    # AdamW's step compiled (`train.compiled_adamw`): generic, so HF gets it too
+    compiled_adamw: bool = False
 
     @property
     def precision_kind(self) -> str:
@@ -248,6 +254,7 @@ class Variant:
         if not self.hf:
             model.set_expert_backend(self.backend)
             model.set_precision(self.precision)
+            model.compiled_loss = self.compiled_loss
             return model, None  # train_step's default: model(inputs, targets)
         from .hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
 
@@ -265,22 +272,26 @@ class Variant:
         from .train import (
             StepInBackward,
             TrainSettings,
+            compiled_adamw,
             make_optimizer,
             make_step_in_backward,
         )
 
         fused = next(module.parameters()).is_cuda or None
-        if self.step_in_backward and kind != "torch_adamw":
-            raise ValueError(f"variant {self.name}: the optimizer steps in the backward pass with "
-                             f"torch's AdamW; --optimizer {kind} does not apply to it")
+        if (self.step_in_backward or self.compiled_adamw) and kind != "torch_adamw":
+            raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer {kind} "
+                             f"does not apply to it")
+        settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
         if self.hf:
             if self.step_in_backward:
                 return StepInBackward([{"params": list(module.parameters())}], lr=lr, fused=fused)
+            if self.compiled_adamw:
+                return compiled_adamw([{"params": list(module.parameters())}], settings)
             return torch.optim.AdamW(module.parameters(), lr=lr, fused=fused)
-        settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
         if self.step_in_backward:
             return make_step_in_backward(module, settings)
-        return make_optimizer(module, settings, kind)
+        return make_optimizer(module, settings,
+                              "torch_adamw_compiled" if self.compiled_adamw else kind)
 
 
 VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, in order
@@ -298,11 +309,72 @@ VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, i
             step_in_backward=True),
     Variant("ours_te_ops_bf16_step_in_backward", "te_ops", step_in_backward=True),
     Variant("ours_te_ops_fp8_step_in_backward", "te_ops", "fp8", step_in_backward=True),
+    Variant("ours_te_ops_bf16_compiled_loss", "te_ops", compiled_loss=True),
+    Variant("ours_te_ops_fp8_compiled_loss", "te_ops", "fp8", compiled_loss=True),
+    Variant("hf_grouped_mm_compiled_compiled_adamw", "grouped_mm", hf=True, compiled=True,
+            compiled_adamw=True),
+    Variant("ours_te_ops_bf16_compiled_adamw", "te_ops", compiled_adamw=True),
+    Variant("ours_te_ops_fp8_compiled_adamw", "te_ops", "fp8", compiled_adamw=True),
+    Variant("ours_te_ops_bf16_compiled", "te_ops", compiled_loss=True, compiled_adamw=True),
+    Variant("ours_te_ops_fp8_compiled", "te_ops", "fp8", compiled_loss=True, compiled_adamw=True),
 )}
-CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items() if v.step_in_backward)
+CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items()
+                           if v.step_in_backward or v.compiled_loss or v.compiled_adamw)
 # The course's ladder, from HF's baselines to our fastest step: what `bench` runs by default and
 # notebook 06 shows
 TRAIN_VARIANTS = tuple(name for name in VARIANTS if name not in CANDIDATE_VARIANTS)
+
+
+def candidate_base(name: str) -> str:
+    """The course's variant a candidate changes (`CANDIDATE_VARIANTS`): the same model, experts,
+    precision and compilation, none of the candidate's changes."""
+    v = VARIANTS[name]
+    return next(base for base in TRAIN_VARIANTS
+                if (VARIANTS[base].backend, VARIANTS[base].precision, VARIANTS[base].hf,
+                    VARIANTS[base].compiled) == (v.backend, v.precision, v.hf, v.compiled))
+
+
+def technique(name: str) -> str:
+    """What a candidate variant changes, in words."""
+    v = VARIANTS[name]
+    changes = ["AdamW stepped in the backward pass"] if v.step_in_backward else []
+    changes += ["the loss and its gradient compiled"] if v.compiled_loss else []
+    changes += ["AdamW's step compiled"] if v.compiled_adamw else []
+    return " and ".join(changes)
+
+
+def candidate_gains(train_rows: list[dict]) -> list[dict]:
+    """Each candidate of one run beside its base variant from the same run (both ran): the
+    technique, the two medians, the speedup, the two peaks."""
+    ok = {r["variant"]: r for r in train_rows if r.get("status") == "ok"}
+    gains = []
+    for name in CANDIDATE_VARIANTS:
+        base = candidate_base(name)
+        if name in ok and base in ok:
+            gains.append({"variant": name, "base": base, "technique": technique(name),
+                          "precision": row_precision(ok[name]),
+                          "base_ms": ok[base]["median_ms"], "ms": ok[name]["median_ms"],
+                          "speedup": ok[base]["median_ms"] / ok[name]["median_ms"],
+                          "base_peak_gb": ok[base]["peak_memory_gb"],
+                          "peak_gb": ok[name]["peak_memory_gb"]})
+    return gains
+
+
+# The committed runs of the candidates (`bench --train-variants <base> <candidate> ...` on one H200)
+CANDIDATE_RUNS = ("benchmarks/results/h200_step_in_backward_side_stream.json",
+                  "benchmarks/results/h200_compiled_candidates.json",
+                  "benchmarks/results/h200_compiled_candidates_rerun.json")
+
+
+def committed_candidate_gains() -> list[dict]:
+    """`candidate_gains` of every committed candidate run, each gain with its `run` (file)."""
+    gains = []
+    for run in CANDIDATE_RUNS:
+        report = json.loads((ROOT / run).read_text())
+        rows = [r for r in report["results"] if r.get("part") == "train"]
+        gains += [{**gain, "run": run, "gpu": report["environment"]["gpu"]}
+                  for gain in candidate_gains(rows)]
+    return gains
 
 
 def variant(name_or_variant: str | Variant) -> Variant:

@@ -457,6 +457,39 @@ def h200_step_in_backward() -> str:
                   rows)
 
 
+def h200_compiled_candidates() -> str:
+    """The torch.compile candidates of issue 19, each beside its base variant in the same run,
+    per committed run; then both together against the compiled HF step and the targets."""
+    from .bench import CANDIDATE_RUNS, committed_candidate_gains
+
+    compiled_runs = [run for run in CANDIDATE_RUNS if "compiled" in run]
+    rows = [[gain["technique"], f"{_train_label(gain['base'])}, "
+             f"{gain['precision'].replace('fp8', 'FP8')}",
+             f"{gain['base_ms']:.1f} → {gain['ms']:.1f}", f"{gain['speedup']:.3f}×",
+             f"{gain['base_peak_gb']:.1f} → {gain['peak_gb']:.1f}", _link(Path(gain["run"]).name)]
+            for gain in committed_candidate_gains() if gain["run"] in compiled_runs]
+    last = _load(Path(compiled_runs[-1]).name)
+    train = _train_rows(last)
+    hf, hf_twin = train["hf_grouped_mm_compiled"], train["hf_grouped_mm_compiled_compiled_adamw"]
+    fp8, bf16 = train["ours_te_ops_fp8_compiled"], train["ours_te_ops_bf16_compiled"]
+    env = last["environment"]
+    target = {key: goal for key, _, goal, _ in TARGETS}
+    return (
+        f"One {env['gpu']}, torch {env['torch']}, TE {env['transformer_engine']}; each "
+        f"candidate and its base variant in the same `bench --train-variants` run (medians of "
+        f"the timed steps):\n\n"
+        + _table(["what changes", "variant", "ms/step: base → candidate", "speedup", "peak GB",
+                  "run"], ["---", "---", "---:", "---:", "---:", "---"], rows)
+        + f"\n\nWith both, in {_link(Path(compiled_runs[-1]).name)}: our FP8 step "
+        f"{fp8['median_ms']:.1f} ms, {hf['median_ms'] / fp8['median_ms']:.2f}× the compiled HF "
+        f"step's {hf['median_ms']:.1f} ms (issue 19's target "
+        f"{target['train_step_speedup_vs_hf_grouped_mm_compiled']}×), and our bf16 step "
+        f"{bf16['median_ms']:.1f} ms, {hf['median_ms'] / bf16['median_ms']:.2f}× (target "
+        f"{target['train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled']}×). AdamW compiled "
+        f"is no MoE technique, so HF got it too: {hf_twin['median_ms']:.1f} ms, against which "
+        f"our FP8 step is {hf_twin['median_ms'] / fp8['median_ms']:.2f}×.")
+
+
 def _profile_ms(text: str, name: str) -> float:
     """CUDA total of one row of torch.profiler's table, in ms."""
     for line in text.splitlines():
@@ -892,6 +925,7 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-targets": h200_targets,
         "h200-speed-of-light": h200_speed_of_light,
         "h200-step-in-backward": h200_step_in_backward,
+        "h200-compiled-candidates": h200_compiled_candidates,
         "published-recipe": published_recipe,
         "h200-profile": h200_profile,
         "h200-history": h200_history,

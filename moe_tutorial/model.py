@@ -31,6 +31,7 @@ The model only enters `te.autocast`: the experts read the recipe from it at ever
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -173,13 +174,55 @@ class _CrossEntropyWithGradient(torch.autograd.Function):
         return grad * grad_loss.to(grad.dtype), None, None, None
 
 
+def loss_and_gradient(logits: torch.Tensor, targets: torch.Tensor,
+                      ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy, its gradient with respect to the logits [N, V], in their dtype):
+    `_CrossEntropyWithGradient`'s arithmetic written for `torch.compile`, in one piece with no
+    in-place writes, so that Inductor can fuse the log-softmax, the exponential and the scaling
+    that the eager loop runs as one kernel each over an fp32 copy of every chunk. Eager, it
+    would hold several fp32 [N, V] intermediates at once: it is meant to be compiled
+    (`cross_entropy(..., compiled=True)`)."""
+    valid = targets != ignore_index
+    count = valid.sum()
+    gather_index = torch.where(valid, targets, 0).unsqueeze(1)
+    log_probs = torch.log_softmax(logits, dim=1, dtype=torch.float32)
+    loss = -(log_probs.gather(1, gather_index).squeeze(1) * valid).sum() / count
+    one_hot = torch.zeros_like(log_probs).scatter_(1, gather_index, 1.0)
+    grad = (log_probs.exp() - one_hot) * (valid / count).unsqueeze(1)
+    return loss, grad.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_loss_and_gradient():
+    return torch.compile(loss_and_gradient, dynamic=False)
+
+
+class _CompiledCrossEntropy(torch.autograd.Function):
+    """`_CrossEntropyWithGradient` with the loss and gradient from the compiled
+    `loss_and_gradient` (a GPU: torch.compile makes Triton kernels)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index: int):
+        loss, grad = _compiled_loss_and_gradient()(logits, targets, ignore_index)
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None
+
+
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
-                  chunk: int = 1024) -> torch.Tensor:
+                  chunk: int = 1024, compiled: bool = False) -> torch.Tensor:
     """`F.cross_entropy(logits.float(), targets, ignore_index=...)` (mean over the targets that
     are not `ignore_index`) for logits [N, V], without its fp32 copies of the logits when a
-    gradient will be needed (see `_CrossEntropyWithGradient`)."""
+    gradient will be needed (see `_CrossEntropyWithGradient`). `compiled`: the loss and its
+    gradient from `torch.compile`'s kernels (`loss_and_gradient`) instead of the chunked loop."""
     if not (torch.is_grad_enabled() and logits.requires_grad):
         return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
+    if compiled:
+        return _CompiledCrossEntropy.apply(logits, targets, ignore_index)
     return _CrossEntropyWithGradient.apply(logits, targets, ignore_index, chunk)
 
 
@@ -429,6 +472,9 @@ class MoEForCausalLM(nn.Module):
         self.reset_parameters()
         self.precision: recipes.RecipeChoice | None = None  # None: bf16/fp32, no autocast
         self._recipe = None  # the TE recipe object used under te.autocast
+        # The training loss and its gradient from torch.compile's kernels (`cross_entropy`'s
+        # `compiled`); off by default, a candidate the benchmark measures (`*_compiled_loss`)
+        self.compiled_loss = False
         self.set_expert_backend(expert_backend)
 
     @torch.no_grad()
@@ -548,7 +594,7 @@ class MoEForCausalLM(nn.Module):
         if targets is not None:
             # .long(): torch's cross_entropy (the evaluation path) takes no int32 targets.
             out.lm_loss = cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
-                                        IGNORE_INDEX)
+                                        IGNORE_INDEX, compiled=self.compiled_loss)
             out.aux_loss = load_balancing_loss(router_logits, self.config.top_k)
             out.loss = out.lm_loss + self.config.aux_loss_coef * out.aux_loss
         return out

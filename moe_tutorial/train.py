@@ -91,7 +91,7 @@ class TrainingDiverged(RuntimeError):
     """The loss or the gradient norm became NaN or infinite."""
 
 
-OPTIMIZERS = ("torch_adamw", "te_fused_adam")
+OPTIMIZERS = ("torch_adamw", "te_fused_adam", "torch_adamw_compiled")
 
 
 def _adamw_groups(model: torch.nn.Module, s: TrainSettings) -> list[dict]:
@@ -121,7 +121,8 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings,
     FusedAdam, its moments kept in the parameters' dtype like torch's (fp32 moments would add 8
     bytes per parameter). With bf16 parameters TE's converts the moments through fp32 buffers
     and was slower than torch's fused AdamW on the H200 (`bench --optimizer te_fused_adam`
-    measures both), so it is not the default."""
+    measures both), so it is not the default. `torch_adamw_compiled`: torch's AdamW with its
+    step compiled (`compiled_adamw`)."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; choose one of {OPTIMIZERS}")
     groups = _adamw_groups(model, s)
@@ -133,7 +134,34 @@ def make_optimizer(model: torch.nn.Module, s: TrainSettings,
         moments = first.dtype if first.dtype in (torch.float32, torch.bfloat16) else torch.float32
         return te.optimizers.FusedAdam(groups, lr=s.lr, betas=s.betas, adam_w_mode=True,
                                        exp_avg_dtype=moments, exp_avg_sq_dtype=moments)
+    if kind == "torch_adamw_compiled":
+        return compiled_adamw(groups, s)
     return torch.optim.AdamW(groups, lr=s.lr, betas=s.betas, fused=first.is_cuda or None)
+
+
+def compiled_adamw(groups: list[dict], s: TrainSettings) -> torch.optim.AdamW:
+    """torch's AdamW whose `step` is compiled by `torch.compile`: Inductor writes the update of
+    many parameters into a few generated kernels (Triton on a GPU), where the fused AdamW runs
+    one hand-written kernel per chunk of parameters. The learning rate is a tensor so that a
+    schedule changes its value (`set_learning_rate`), not the traced graph (a float would be
+    traced in as a constant and recompiled each step); a tensor learning rate needs
+    `capturable=True`, which keeps the step counts on the device too. The first step compiles
+    (seconds to a minute)."""
+    device = groups[0]["params"][0].device
+    optimizer = torch.optim.AdamW(groups, lr=torch.tensor(s.lr, device=device), betas=s.betas,
+                                  foreach=True, capturable=True)
+    optimizer.step = torch.compile(optimizer.step)
+    return optimizer
+
+
+def set_learning_rate(optimizer, lr: float) -> None:
+    """Every parameter group's learning rate to `lr`: written into a tensor learning rate
+    (`compiled_adamw`'s), set as a float otherwise."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
 
 
 class StepInBackward:
@@ -353,8 +381,7 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
     for step in bar:
         step_start = time.perf_counter()
         lr = learning_rate(step, s)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(optimizer, lr)
         inputs, targets = (t.to(device, non_blocking=True) for t in next(batches))
         try:
             result = train_step(model, (inputs, targets), optimizer, grad_clip=s.grad_clip,

@@ -244,4 +244,54 @@ def test_candidates_are_named_not_run_by_default():
     (bench's default run and notebook 06 iterate TRAIN_VARIANTS)."""
     assert bench.CANDIDATE_VARIANTS and not set(bench.CANDIDATE_VARIANTS) & set(bench.TRAIN_VARIANTS)
     for name in bench.CANDIDATE_VARIANTS:
-        assert bench.variant(name).step_in_backward
+        v = bench.variant(name)
+        assert v.step_in_backward or v.compiled_loss or v.compiled_adamw
+
+
+def test_compiled_candidates_take_the_same_step():
+    """The torch.compile candidates (on a CPU Inductor makes C++ kernels from the same graphs):
+    the compiled loss and the compiled AdamW step move the weights as the eager ones do, and a
+    learning-rate schedule reaches the compiled step through its tensor learning rate."""
+    from moe_tutorial.train import set_learning_rate
+
+    config = preset("tiny").with_overrides(dtype="float32")
+    ids = torch.randint(0, config.vocab_size, (1, 17))
+    after = {}
+    for name in ("ours_te_ops_bf16", "ours_te_ops_bf16_compiled_loss",
+                 "ours_te_ops_bf16_compiled_adamw"):
+        model, forward = bench.variant(name).build(config, "cpu")
+        optimizer = bench.variant(name).optimizer(model, 1e-2)
+        for lr in (1e-2, 3e-3):
+            set_learning_rate(optimizer, lr)
+            bench._timed_step(model, forward, optimizer, (ids[:, :-1], ids[:, 1:]))()
+        after[name] = [p.detach().clone() for p in model.parameters()]
+    assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
+    assert optimizer.param_groups[0]["lr"].item() == pytest.approx(3e-3)
+    for name in ("ours_te_ops_bf16_compiled_loss", "ours_te_ops_bf16_compiled_adamw"):
+        for got, want in zip(after[name], after["ours_te_ops_bf16"]):
+            # a step moves a weight by ~lr (Adam): 1e-5 is a thousandth of one
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="does not apply"):
+        bench.variant("ours_te_ops_bf16_compiled_adamw").optimizer(model, 1e-2, "te_fused_adam")
+
+
+def test_candidate_gains_pair_each_candidate_with_its_base_from_the_same_run():
+    """Every candidate changes one ladder variant (the same model, precision and compilation),
+    and the committed candidate runs each hold both sides of every gain they report."""
+    for name in bench.CANDIDATE_VARIANTS:
+        base = bench.variant(bench.candidate_base(name))
+        v = bench.variant(name)
+        assert bench.candidate_base(name) in bench.TRAIN_VARIANTS
+        assert (base.backend, base.precision, base.hf) == (v.backend, v.precision, v.hf)
+        assert bench.technique(name)
+    rows = [{"variant": "ours_te_ops_fp8", "status": "ok", "median_ms": 80.0,
+             "peak_memory_gb": 28.0, "precision": "Float8CurrentScaling"},
+            {"variant": "ours_te_ops_fp8_compiled", "status": "ok", "median_ms": 75.0,
+             "peak_memory_gb": 28.5, "precision": "Float8CurrentScaling"},
+            {"variant": "ours_te_ops_bf16_compiled", "status": "ok", "median_ms": 90.0,
+             "peak_memory_gb": 26.0, "precision": "bf16"}]  # its base did not run: no gain
+    (gain,) = bench.candidate_gains(rows)
+    assert (gain["base"], gain["speedup"]) == ("ours_te_ops_fp8", pytest.approx(80 / 75))
+    committed = bench.committed_candidate_gains()
+    assert {g["run"] for g in committed} == set(bench.CANDIDATE_RUNS)
+    assert all(g["gpu"] and g["ms"] > 0 for g in committed)

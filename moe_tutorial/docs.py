@@ -102,11 +102,13 @@ def h200_environment() -> str:
     report = _load("h200.json")
     env = report["environment"]
     sm = "sm_" + env["compute_capability"].replace(".", "")
+    dates = sorted({part["date"][:10] for part in report.get("parts") or [env]})
     return (f"One {env['gpu']} ({sm}, driver {env['driver']}, CUDA {env['cuda']}), torch "
             f"{env['torch']}, Transformer Engine {env['transformer_engine']}, transformers "
-            f"{env['transformers']}, Python {env['python']}; {env['date'][:10]}. Dense matmul "
-            f"peaks of the same run, what every MFU below divides by: bf16 "
-            f"{_peak_text(report, 'bf16')}; FP8 {_peak_text(report, 'fp8')}.")
+            f"{env['transformers']}, Python {env['python']}; run in parts on "
+            f"{' and '.join(dates)}. Dense matmul peaks measured in the training-step part, what "
+            f"every MFU below divides by: bf16 {_peak_text(report, 'bf16')}; FP8 "
+            f"{_peak_text(report, 'fp8')}.")
 
 
 # (header, backends to choose the fastest of, precision); the loop comes first.
@@ -240,13 +242,21 @@ def _train_rows(report: dict) -> dict[str, dict]:
 
 
 def _train_label(variant: str) -> str:
-    from .bench import VARIANTS
+    from .bench import VARIANTS, candidate_base
 
     if variant in VARIANTS and not VARIANTS[variant].hf:
-        backend = VARIANTS[variant].backend
-        return "ours, " + ("`te.ops` grouped MLP" if backend == "te_ops"
-                           else f"`{BACKEND_LABELS[backend]}`")
-    return TRAIN_LABELS.get(variant, f"`{variant}`")
+        v = VARIANTS[variant]
+        return ("ours, " + ("`te.ops` grouped MLP" if v.backend == "te_ops"
+                            else f"`{BACKEND_LABELS[v.backend]}`") + _compiled_parts(v))
+    return TRAIN_LABELS.get(variant, f"`{variant}`" if variant not in VARIANTS else
+                            TRAIN_LABELS[candidate_base(variant)] + _compiled_parts(VARIANTS[variant]))
+
+
+def _compiled_parts(v) -> str:
+    """' + the loss and AdamW compiled' and the like: a candidate's torch.compile changes."""
+    parts = [what for what, on in (("the loss", v.compiled_loss), ("AdamW", v.compiled_adamw))
+             if on]
+    return f" + {' and '.join(parts)} compiled" if parts else ""
 
 
 def _mfu(row: dict, report: dict, kind: str) -> str:
@@ -310,7 +320,8 @@ def h200_train_step() -> str:
     return (
         f"**Training step** of `mixtral-2l` (Mixtral-8x7B widths, {config.num_layers} layers, "
         f"{params / 1e9:.1f} B parameters), batch {first['batch']} × {first['seq_len']} tokens, "
-        f"forward + backward + AdamW step (torch's fused AdamW for every variant), bf16 "
+        f"forward + backward + AdamW step (torch's fused AdamW, but compiled by `torch.compile` "
+        f"in the rows that say *AdamW compiled*), bf16 "
         f"parameters, same initial weights for every variant (first-step losses agree within "
         f"{max(r['loss_diff'] for r in ok):.1g} nats):\n\n"
         + train_step_table(report) + "\n\n"
@@ -521,7 +532,8 @@ def h200_profile() -> str:
         f"{_link('h200.txt')}): the te.ops expert MLPs take {mlp:.1f} ms per step (forward + "
         f"backward), **the AdamW step {adamw:.1f} ms** — bandwidth-bound: "
         f"{config.parameter_counts()['total'] / 1e9:.1f} B bf16 parameters with bf16 moments. "
-        f"Every variant runs the same fused AdamW over the same parameters, so the optimizer caps "
+        f"Every step of the ladder runs the same fused AdamW over the same parameters, so the "
+        f"optimizer caps "
         f"the ratios: with the profiled {adamw:.1f} ms taken off every step, our forward + "
         f"backward is {ratio('hf_eager'):.2f}× HF eager's and "
         f"{ratio('hf_grouped_mm_compiled'):.2f}× the compiled model's. Peak memory against HF "
@@ -537,7 +549,11 @@ HISTORY = [
      "RMSNorm as one kernel (`F.rms_norm`), the loss's gradient computed in the forward pass"),
     ("h200_cudnn_attention_rope.json",
      "cuDNN attention, TE fused RoPE, q/k/v as one FP8 `te.Linear`, `log_softmax` in the loss"),
-    ("h200.json", "the same step re-measured with the MFU peaks of both precisions (no step change)"),
+    ("h200_mfu_peaks.json",
+     "the same step re-measured with the MFU peaks of both precisions (no step change)"),
+    ("h200.json", "the ladder re-measured, then the loss and AdamW compiled by `torch.compile` "
+                  "after it (`*_compiled` rows; the FP8 column is still the ladder's step, the "
+                  "ratio the run's best step)"),
 ]
 
 

@@ -74,12 +74,16 @@ def path_for(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{step:08d}.pt"
 
 
-def saved_steps(directory: str | Path) -> list[int]:
-    """The steps of the checkpoints in `directory`, oldest first (temporary files ignored)."""
+def saved_steps(directory: str | Path, name: re.Pattern = NAME, *,
+                folders: bool = False) -> list[int]:
+    """The steps of the checkpoints in `directory`, oldest first: the entries whose whole name
+    `name` matches (its group 1: the step), files or (`folders`) directories; anything else,
+    temporary or partial, ignored. `dist_checkpoint` keeps its checkpoints as folders."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in directory.iterdir() if (m := NAME.fullmatch(p.name)))
+    return sorted(int(m.group(1)) for p in directory.iterdir()
+                  if p.is_dir() == folders and (m := name.fullmatch(p.name)))
 
 
 def save(state: dict, directory: str | Path, step: int, keep: int) -> Path:

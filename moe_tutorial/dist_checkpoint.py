@@ -75,7 +75,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from .checkpoint import CheckpointError, check_same_run
+from .checkpoint import CheckpointError, check_same_run, saved_steps
 from .distributed import Layout, check_layout, is_expert_parameter
 from .experts import TE_EXPERT_CLASSES, ExpertMLP, deinterleave_glu, interleave_glu
 
@@ -90,12 +90,9 @@ def path_for(directory: str | Path, step: int) -> Path:
 
 
 def complete_steps(directory: str | Path) -> list[int]:
-    """The steps of the complete checkpoints in `directory`, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in directory.iterdir()
-                  if p.is_dir() and (m := NAME.fullmatch(p.name)))
+    """The steps of the complete checkpoints in `directory` (folders; a `.partial` one is not
+    complete), oldest first."""
+    return saved_steps(directory, NAME, folders=True)
 
 
 def latest(directory: str | Path) -> Path:

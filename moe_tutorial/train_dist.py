@@ -348,6 +348,7 @@ def bench(args, device) -> dict:
         state_dtype=DTYPE_NAMES[state], activation_checkpointing=args.activation_checkpointing)
     result = {"rank": rank, "dp": args.dp, "ep": args.ep, "world": world, "engine": args.engine,
               "environment": environment() if rank == 0 else None, "preset": args.preset,
+              "layers": config.num_layers,
               "model": args.model, "backend": HF_BASELINE if args.model == "hf" else args.backend,
               "precision": args.precision, "dtype": DTYPE_NAMES[compute],
               "state_dtype": DTYPE_NAMES[state],

@@ -153,6 +153,8 @@ def test_expert_parallel_benchmark_reports_per_gpu_numbers():
     for r in (rank0, rank1):
         assert r["tokens_per_s_per_gpu"] > 0 and r["pflops_per_gpu"] > 0 and r["median_ms"] > 0
         assert r["world"] == 2 and r["ep"] == 2
+        assert r["layers"] == preset("tiny").num_layers  # the depth the step ran at
+        assert r["allocator_retries"] is None  # counted on a GPU only
         # memory.predict's expectation is there to set beside a GPU's measured peak
         assert r["predicted_peak_gb"] > 0 and r["peak_memory_gb"] is None
 

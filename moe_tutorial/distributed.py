@@ -401,7 +401,7 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
     options = {"reshard_after_forward": reshard_after_forward}
     if mp_policy is not None:
         options["mp_policy"] = mp_policy
-    if experts_outside_fsdp(layout, mp_policy):
+    if experts_outside_fsdp(layout.dp, casts=mp_policy is not None):
         unsharded = set()
         for layer in model.model.layers:
             unsharded |= _divide_gradients(layer.mlp.experts, layout.world)
@@ -420,11 +420,12 @@ def fully_shard_layout(model: nn.Module, layout: Layout, *, reshard_after_forwar
     return fully_shard_decoder(model, model.model.layers, **options)
 
 
-def experts_outside_fsdp(layout: Layout, mp_policy=None) -> bool:
-    """Whether `fully_shard_layout` leaves the experts out of FSDP2: when each ep shard has a
-    dp group of one rank (nothing to shard or reduce) and no `mp_policy` casts the weights
-    (FSDP2's policy is what turns state-dtype weights into compute-dtype ones)."""
-    return layout.dp == 1 and mp_policy is None
+def experts_outside_fsdp(dp: int, *, casts: bool) -> bool:
+    """Whether `fully_shard_layout` leaves the experts out of FSDP2 (and `memory.predict`
+    gathers none of them): when each ep shard has a dp group of one rank (nothing to shard or
+    reduce) and no mixed-precision policy `casts` the weights (FSDP2's policy is what turns
+    state-dtype weights into compute-dtype ones)."""
+    return dp == 1 and not casts
 
 
 def _divide_gradients(experts: nn.Module, world: int) -> set[nn.Parameter]:

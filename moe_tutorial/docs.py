@@ -244,12 +244,15 @@ def _train_rows(report: dict) -> dict[str, dict]:
 def _train_label(variant: str) -> str:
     from .bench import VARIANTS, candidate_base
 
-    if variant in VARIANTS and not VARIANTS[variant].hf:
-        v = VARIANTS[variant]
-        return ("ours, " + ("`te.ops` grouped MLP" if v.backend == "te_ops"
-                            else f"`{BACKEND_LABELS[v.backend]}`") + _compiled_parts(v))
-    return TRAIN_LABELS.get(variant, f"`{variant}`" if variant not in VARIANTS else
-                            TRAIN_LABELS[candidate_base(variant)] + _compiled_parts(VARIANTS[variant]))
+    if variant in TRAIN_LABELS:
+        return TRAIN_LABELS[variant]
+    if variant not in VARIANTS:
+        return f"`{variant}`"
+    v = VARIANTS[variant]
+    if v.hf:  # an HF candidate: its base's label and what it changes
+        return TRAIN_LABELS[candidate_base(variant)] + _compiled_parts(v)
+    return ("ours, " + ("`te.ops` grouped MLP" if v.backend == "te_ops"
+                        else f"`{BACKEND_LABELS[v.backend]}`") + _compiled_parts(v))
 
 
 def _compiled_parts(v) -> str:
@@ -471,15 +474,17 @@ def h200_step_in_backward() -> str:
 def h200_compiled_candidates() -> str:
     """The torch.compile candidates of issue 19, each beside its base variant in the same run,
     per committed run; then both together against the compiled HF step and the targets."""
-    from .bench import CANDIDATE_RUNS, committed_candidate_gains
+    from .bench import VARIANTS, committed_candidate_gains
 
-    compiled_runs = [run for run in CANDIDATE_RUNS if "compiled" in run]
+    gains = [gain for gain in committed_candidate_gains()
+             if VARIANTS[gain["variant"]].compiled_loss or VARIANTS[gain["variant"]].compiled_adamw]
     rows = [[gain["technique"], f"{_train_label(gain['base'])}, "
              f"{gain['precision'].replace('fp8', 'FP8')}",
              f"{gain['base_ms']:.1f} → {gain['ms']:.1f}", f"{gain['speedup']:.3f}×",
              f"{gain['base_peak_gb']:.1f} → {gain['peak_gb']:.1f}", _link(Path(gain["run"]).name)]
-            for gain in committed_candidate_gains() if gain["run"] in compiled_runs]
-    last = _load(Path(compiled_runs[-1]).name)
+            for gain in gains]
+    last_run = Path(gains[-1]["run"]).name  # the newest run: it has both compiled together
+    last = _load(last_run)
     train = _train_rows(last)
     hf, hf_twin = train["hf_grouped_mm_compiled"], train["hf_grouped_mm_compiled_compiled_adamw"]
     fp8, bf16 = train["ours_te_ops_fp8_compiled"], train["ours_te_ops_bf16_compiled"]
@@ -491,7 +496,7 @@ def h200_compiled_candidates() -> str:
         f"the timed steps):\n\n"
         + _table(["what changes", "variant", "ms/step: base → candidate", "speedup", "peak GB",
                   "run"], ["---", "---", "---:", "---:", "---:", "---"], rows)
-        + f"\n\nWith both, in {_link(Path(compiled_runs[-1]).name)}: our FP8 step "
+        + f"\n\nWith both, in {_link(last_run)}: our FP8 step "
         f"{fp8['median_ms']:.1f} ms, {hf['median_ms'] / fp8['median_ms']:.2f}× the compiled HF "
         f"step's {hf['median_ms']:.1f} ms (issue 19's target "
         f"{target['train_step_speedup_vs_hf_grouped_mm_compiled']}×), and our bf16 step "

@@ -419,8 +419,8 @@ def predict(config: MoEConfig, *, batch: int, seq_len: int, dp: int = 1, ep: int
                               expert_load=expert_load)
     recipe = _recipe(precision, arch)
     # what `distributed.fully_shard_layout` leaves out of FSDP2 (`experts_outside_fsdp`)
-    experts_outside = (engine == "fsdp2" and dp == 1
-                       and (state_dtype or config.dtype) == config.dtype)
+    experts_outside = engine == "fsdp2" and distributed.experts_outside_fsdp(
+        dp, casts=(state_dtype or config.dtype) != config.dtype)
     sizes = _sizes(config, saved, batch * seq_len, dp, ep, engine, state, backend, recipe, arch,
                    activation_checkpointing, experts_outside)
     kept = training_state(config, dp, ep, engine, state_dtype)

@@ -16,6 +16,11 @@ model switches backend (`experts.backend = "grouped_torch"`) without copying a w
 * `grouped_torch` — sort the token copies by expert once (`routing.permute`), then one grouped
   GEMM per projection over all experts (`torch._grouped_mm`, CUTLASS on sm_80+ GPUs), and one
   gather back (`routing.unpermute`).
+* `te_permute_grouped_mm` — the same two `torch._grouped_mm` GEMMs on the same weights, fed by
+  TE's fused permutation kernels (`moe_permute_and_pad_with_probs` / `moe_unpermute`, as the TE
+  backends below use) where TE runs, `routing.permute` where it does not. Its offsets stay on
+  the GPU, so the GEMMs need no host sync, and it has no per-expert Python: for many small
+  experts that makes it the fastest bf16 path measured on the H200 (`default_backend`).
 
 Two more backends run Transformer Engine. They keep the weights in TE's own per-expert
 parameters (`weight0 .. weight{E-1}`), so switching to them converts the weights (both ways:
@@ -71,7 +76,8 @@ FUSED_MLP_GLU_INTERLEAVE, FUSED_MLP_FEATURE_MULTIPLE = 32, 64
 FUSED_MLP_ROWS_PER_EXPERT, FUSED_MLP_TOTAL_ROWS_MULTIPLE = 256, 128
 FUSED_MLP_RECIPES = ("MXFP8BlockScaling", "NVFP4BlockScaling")  # the recipes the fuser accepts
 
-TORCH_BACKENDS = ("naive", "grouped_torch")
+# The backends on `ExpertMLP`'s stacked weights, then those with TE's own per-expert parameters
+TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm")
 TE_BACKENDS = ("te_grouped_linear", "te_ops")
 EXPERT_BACKENDS = TORCH_BACKENDS + TE_BACKENDS
 
@@ -213,6 +219,56 @@ def grouped_torch_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: tor
     return unpermute(y, perm, weights)
 
 
+def te_permute_grouped_mm_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tensor,
+                                  weights: torch.Tensor) -> torch.Tensor:
+    """TE's permutation kernels (one host sync, for the buffer's size) around the two grouped
+    GEMMs of `grouped_torch_experts`, the routing weights applied when the rows are merged; on a
+    CPU or without TE, `routing.permute` / `routing.unpermute` with the same result."""
+    te = hardware.transformer_engine() if hidden.is_cuda else None
+    d = dispatch(hidden, indices, weights, experts.num_experts, 1, te)
+    offsets = torch.cumsum(d.m_splits, 0).to(torch.int32)  # on the device: no sync per GEMM
+    h, path = grouped_mm(d.rows, experts.gate_up_proj, offsets)
+    y, _ = grouped_mm(swiglu(h), experts.down_proj, offsets)
+    without_te = "" if te is not None else f" [pure-PyTorch counterpart: {_why_no_te(hidden)}]"
+    experts.last_path = f"{d.path} → {path} → SwiGLU → {path}{without_te}"
+    return d.combine(y, True)
+
+
+def _why_no_te(hidden: torch.Tensor) -> str:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not hidden.is_cuda:
+        return f"the tokens are on {hidden.device}, TE's kernels run on a CUDA GPU"
+    return hardware.capabilities()["te_grouped_linear"].reason
+
+
+# The largest expert, in weight elements per projection (hidden × intermediate), for which
+# `default_backend` picks `te_permute_grouped_mm` in bf16; above it, `te_ops`. From the expert
+# layer's bf16 rows in benchmarks/results/h200.json (forward + backward, balanced routing):
+# TE's permutation around torch._grouped_mm was the fastest bf16 path for every shape of at most
+# 2048 × 7168 = 14.7M elements (the small, OLMoE, Qwen3, fine-grained and DeepSeek-V3 shapes;
+# DeepSeek-V3's by under 1% over TE's GroupedLinear, a tie), and te.ops was for Mixtral's 4096 × 14336 = 58.7M (its cuBLAS GEMMs beat the CUTLASS grouped
+# kernel there). The boundary lies between the two; `tests/test_experts.py` checks the rule
+# against the committed rows.
+SMALL_EXPERT_ELEMENTS = 16 * 2**20
+
+
+def default_backend(hidden_size: int, intermediate_size: int, *, fp8: bool,
+                    te_on_gpu: bool) -> str:
+    """The expert backend the course picks for experts of this width: `te_ops` under an FP8
+    recipe (FP8 runs through TE's GroupedLinear), `te_permute_grouped_mm` in bf16 for experts of
+    at most `SMALL_EXPERT_ELEMENTS` weights per projection, `te_ops` for larger ones; without
+    TE on a GPU (`te_on_gpu=False`), `grouped_torch`, the pure-PyTorch grouped path."""
+    if not te_on_gpu:
+        if fp8:
+            raise ValueError("FP8 experts need Transformer Engine on a GPU; this machine has "
+                             "none (train in bf16, or see recipes.recipe_for for the emulation)")
+        return "grouped_torch"
+    if fp8 or hidden_size * intermediate_size > SMALL_EXPERT_ELEMENTS:
+        return "te_ops"
+    return "te_permute_grouped_mm"
+
+
 def check_expert_inputs(experts: nn.Module, hidden: torch.Tensor, indices: torch.Tensor,
                         weights: torch.Tensor) -> None:
     """Refuse a forward pass's inputs that do not fit `experts` (any backend): shapes and dtypes
@@ -228,7 +284,8 @@ def check_expert_inputs(experts: nn.Module, hidden: torch.Tensor, indices: torch
 
 
 ExpertBackend = Callable[["ExpertMLP", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-BACKENDS: dict[str, ExpertBackend] = {"naive": naive_experts, "grouped_torch": grouped_torch_experts}
+BACKENDS: dict[str, ExpertBackend] = {"naive": naive_experts, "grouped_torch": grouped_torch_experts,
+                                      "te_permute_grouped_mm": te_permute_grouped_mm_experts}
 
 
 class ExpertMLP(nn.Module):

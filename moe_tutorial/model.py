@@ -43,7 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import families, hardware, recipes
 from .config import DTYPES, MoEConfig
-from .experts import TE_BACKENDS, ExpertMLP, convert_experts
+from .experts import TE_BACKENDS, ExpertMLP, convert_experts, default_backend
 from .routing import Router, load_balancing_loss
 
 IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
@@ -518,8 +518,14 @@ class MoEForCausalLM(nn.Module):
 
     def set_expert_backend(self, name: str, **options) -> MoEForCausalLM:
         """Switch every layer's experts to backend `name` (see `experts.convert_experts`; the TE
-        backends take `align`, `glu_interleave_size`, `require_fused`). Create the optimizer
-        after this: a TE backend has its own parameters."""
+        backends take `align`, `glu_interleave_size`, `require_fused`), or to the one the course
+        picks for this model's expert width, precision and machine (`"auto"`:
+        `experts.default_backend`). Create the optimizer after this: a TE backend has its own
+        parameters."""
+        if name == "auto":
+            on_gpu = next(self.parameters()).is_cuda and hardware.transformer_engine() is not None
+            name = default_backend(self.config.hidden_size, self.config.intermediate_size,
+                                   fp8=self.precision is not None, te_on_gpu=on_gpu)
         if self.precision is not None and name not in TE_BACKENDS:
             raise ValueError(f"precision {self.precision.name} runs the experts through TE; "
                              f"{name!r} is not a TE backend (use set_precision('bf16') first)")

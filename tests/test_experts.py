@@ -1,7 +1,10 @@
+import json
+
 import pytest
 import torch
 
-from moe_tutorial.experts import BACKENDS, ExpertMLP, grouped_mm
+from moe_tutorial.bench import EXPERT_SHAPES, ROOT
+from moe_tutorial.experts import BACKENDS, ExpertMLP, default_backend, grouped_mm
 from moe_tutorial.routing import route
 
 
@@ -22,14 +25,15 @@ def _run(experts, backend, x, idx, w):
     return out, x.grad, w.grad, experts.gate_up_proj.grad.clone(), experts.down_proj.grad.clone()
 
 
+@pytest.mark.parametrize("backend", ["grouped_torch", "te_permute_grouped_mm"])
 @pytest.mark.parametrize("shape", [(4, 16, 24), (8, 32, 64), (3, 6, 10)])
-def test_backends_agree_to_fp32_rounding(shape):
+def test_backends_agree_to_fp32_rounding(shape, backend):
     E, H, I = shape
     experts = _experts(E, H, I)
     x = torch.randn(50, H)
     w, idx = route(torch.randn(50, E), 2)
     ref = _run(experts, "naive", x, idx, w)
-    got = _run(experts, "grouped_torch", x, idx, w)
+    got = _run(experts, backend, x, idx, w)
     for a, b in zip(ref, got):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
@@ -39,7 +43,7 @@ def test_an_expert_with_no_tokens_gets_zero_gradient():
     x = torch.randn(12, 16)
     idx = torch.tensor([[0, 1]] * 12)
     w = torch.full((12, 2), 0.5)
-    for backend in ("naive", "grouped_torch"):
+    for backend in ("naive", "grouped_torch", "te_permute_grouped_mm"):
         _, _, _, g_gate_up, g_down = _run(experts, backend, x, idx, w)
         assert torch.all(g_gate_up[2:] == 0) and torch.all(g_down[2:] == 0)
         assert g_gate_up[:2].abs().sum() > 0
@@ -98,3 +102,50 @@ def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown expert backend 'fast'.*grouped_torch"):
         ExpertMLP(2, 4, 4, backend="fast")
     assert set(BACKENDS) >= {"naive", "grouped_torch"}
+
+
+def test_te_permute_grouped_mm_says_it_ran_its_counterpart_without_te():
+    experts = _experts()
+    x = torch.randn(10, 16)
+    w, idx = route(torch.randn(10, 4), 2)
+    _run(experts, "te_permute_grouped_mm", x, idx, w)
+    assert experts.last_path.startswith("routing.permute → ")
+    assert "pure-PyTorch counterpart" in experts.last_path
+
+
+@pytest.mark.parametrize("hidden, intermediate, fp8, te_on_gpu, expected", [
+    (2048, 768, False, True, "te_permute_grouped_mm"),  # fine-grained, Qwen3-MoE
+    (7168, 2048, False, True, "te_permute_grouped_mm"),  # DeepSeek-V3's routed experts
+    (4096, 14336, False, True, "te_ops"),  # Mixtral 8x7B
+    (2048, 768, True, True, "te_ops"),  # FP8 runs through TE's GroupedLinear
+    (2048, 768, False, False, "grouped_torch"),  # no TE on a GPU
+])
+def test_default_backend_by_expert_width(hidden, intermediate, fp8, te_on_gpu, expected):
+    assert default_backend(hidden, intermediate, fp8=fp8, te_on_gpu=te_on_gpu) == expected
+
+
+def test_default_backend_refuses_fp8_without_te():
+    with pytest.raises(ValueError, match="FP8 experts need Transformer Engine on a GPU"):
+        default_backend(2048, 768, fp8=True, te_on_gpu=False)
+
+
+def test_the_default_backend_rule_is_what_the_h200_measured():
+    """In the committed H200 run, the row `bench` marked as the default is `default_backend`'s
+    pick for its shape, and that pick was at least as fast (within the ±5% the expert layer's
+    timings move between runs) as the other backend the rule chooses from, for every shape and
+    routing."""
+    report = json.loads((ROOT / "benchmarks/results/h200.json").read_text())
+    rows = [r for r in report["results"] if r["part"] == "expert" and r.get("status") == "ok"
+            and r["precision"] == "bf16"]
+    cases = {(r["shape"], r["routing"]) for r in rows}
+    assert {shape for shape, _ in cases} >= {"mixtral", "fine_grained", "deepseek_v3"}
+    for shape, routing in sorted(cases):
+        ms = {r["backend"]: r["median_ms"] for r in rows
+              if (r["shape"], r["routing"]) == (shape, routing)}
+        s = EXPERT_SHAPES[shape]
+        pick = default_backend(s.hidden, s.intermediate, fp8=False, te_on_gpu=True)
+        marked = [r["backend"] for r in rows
+                  if (r["shape"], r["routing"]) == (shape, routing) and r.get("default")]
+        assert marked == [pick], (shape, routing, marked)
+        other = ({"te_ops", "te_permute_grouped_mm"} - {pick}).pop()
+        assert ms[pick] <= 1.05 * ms[other], (shape, routing, ms[pick], ms[other])

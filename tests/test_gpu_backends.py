@@ -62,7 +62,8 @@ def test_te_dispatch_equals_the_reference_permutation(te):
                                    rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("backend, options", [("grouped_torch", {}), ("te_grouped_linear", {}),
+@pytest.mark.parametrize("backend, options", [("grouped_torch", {}), ("te_permute_grouped_mm", {}),
+                                              ("te_grouped_linear", {}),
                                               ("te_ops", {}), ("te_ops", dict(glu_interleave_size=32))])
 @pytest.mark.parametrize("skew", [False, True])
 def test_bf16_backends_match_the_loop(te, backend, options, skew):

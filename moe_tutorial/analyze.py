@@ -508,6 +508,27 @@ def _backend(config, caps, verdicts, source, width) -> tuple[str, str]:
                     f"{te_ops_evidence}; {not_fused}")
 
 
+def _bf16_backend(config, caps, backend, reason) -> tuple[str, str]:
+    """Where the experts train in bf16 on a Hopper with TE, the course's default path for their
+    size (`experts.default_backend`): TE's permutation around `torch._grouped_mm` for small
+    experts. That rule comes from the H200 run and the sweep does not time it, so it is applied on
+    Hopper only and the reason says where the evidence lies."""
+    hopper = (caps.env.compute_capability or (0, 0))[0] == 9
+    if backend not in experts.TE_BACKENDS or not hopper:
+        return backend, reason
+    pick = experts.default_backend(config.hidden_size, config.intermediate_size, fp8=False,
+                                   te_on_gpu=True)
+    if pick == backend or pick in experts.TE_BACKENDS:
+        return backend, reason
+    elements = config.hidden_size * config.intermediate_size
+    return pick, (f"{pick}: in bf16, experts of {config.hidden_size} × "
+                  f"{config.intermediate_size} = {elements:,} weights per projection (at most "
+                  f"experts.SMALL_EXPERT_ELEMENTS = {experts.SMALL_EXPERT_ELEMENTS:,}) ran fastest with TE's "
+                  f"permutation around torch._grouped_mm in the course's H200 run "
+                  f"(experts.default_backend; benchmarks/results/h200.json), which the sweep does "
+                  f"not time; among TE's grouped layers the map picked {reason}")
+
+
 def _recipe(caps, verdicts, source, width, backend) -> tuple[str | None, str]:
     """The recipe by the map: the one `recipes.recipe_for(caps, "fastest")` picks where FP8 paid
     at this width and TE runs it natively under a TE backend; else bf16 (None)."""
@@ -616,7 +637,9 @@ def recommend(model: Model, caps: hardware.Capabilities, *, arch: str, verdicts:
     in one sentence. Where the fused grouped MLP's conditions all hold (section 4), its path:
     te_ops under MXFP8, padded to its rows per expert. Elsewhere the decision map `verdicts`
     (decide.decision_map, measured in `source`) judged at this model's sizes: its expert count,
-    and the rows × hidden each expert gets at `batch` × `seq_len` tokens per GPU."""
+    and the rows × hidden each expert gets at `batch` × `seq_len` tokens per GPU; where that
+    leaves the experts in bf16 on TE's grouped layers on a Hopper, the course's default path for
+    their size (`_bf16_backend`)."""
     config = model.config
     tokens = batch * seq_len
     width = decide.tokens_per_expert(expert_shape(config, tokens)) * config.hidden_size
@@ -625,6 +648,8 @@ def recommend(model: Model, caps: hardware.Capabilities, *, arch: str, verdicts:
     if fused_missing:
         backend, backend_reason = _backend(config, caps, verdicts, source, width)
         recipe, recipe_reason = _recipe(caps, verdicts, source, width, backend)
+        if recipe is None:
+            backend, backend_reason = _bf16_backend(config, caps, backend, backend_reason)
     else:
         fp8 = (f"; FP8 without the fusion {_judge(verdicts, 'fp8', width, source)[1]}"
                if verdicts else "")

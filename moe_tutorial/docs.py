@@ -860,7 +860,7 @@ def _choice(item: dict) -> str:
 def h200_analyze() -> str:
     """`analyze MODEL --json` on the H200, with its measured sweep: per model, the sweep's rule
     and the recommendation for that GPU."""
-    lines = []
+    lines, newer = [], []
     for path in sorted((RESULTS / "h200_analyze").glob("*.json")):
         report = _load(f"h200_analyze/{path.name}")
         env, rec = report["environment"], report["recommendation"]
@@ -873,7 +873,27 @@ def h200_analyze() -> str:
                      f"{env['torch']}, TE {env['transformer_engine']}; {len(sweep['rows'])} "
                      f"timed runs; [`{path.name}`]({RESULTS_LINK}/h200_analyze/{path.name})): "
                      f"{sweep['rule']} Recommended: {picks}.")
+        if _now_default_path(report, chosen):
+            newer.append(f"`{report['model']['name']}`")
+    if newer:
+        lines.append(f"\nThese runs predate the `te_permute_grouped_mm` backend; `analyze` now "
+                     f"recommends it instead of TE's grouped layers where the experts train in "
+                     f"bf16 on a Hopper and have at most `experts.SMALL_EXPERT_ELEMENTS` weights "
+                     f"per projection (`experts.default_backend`, from h200.json's expert rows): "
+                     f"{', '.join(newer)}.")
     return "\n".join(lines)
+
+
+def _now_default_path(report: dict, chosen: list[dict]) -> bool:
+    """Whether today's `analyze` would swap this recorded bf16 TE-layer recommendation for the
+    course's default small-expert path (`analyze._bf16_backend`'s rule)."""
+    from . import experts
+
+    picks = {item["item"]: item["choice"] for item in chosen}
+    config = report["model"]["config"]
+    return (picks["recipe"] == "bf16" and picks["backend"] in experts.TE_BACKENDS
+            and experts.default_backend(config["hidden_size"], config["intermediate_size"],
+                                        fp8=False, te_on_gpu=True) == "te_permute_grouped_mm")
 
 
 # The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.

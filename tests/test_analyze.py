@@ -4,6 +4,7 @@ ways to name a model, the refusals of bad input, and the recommendation's rule."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -161,17 +162,35 @@ def _sweep_rows(fp8_speedup: float) -> list[dict]:
             dict(shape, variant="fp8", speedup_vs_bf16_grouped=fp8_speedup)]
 
 
-@pytest.mark.parametrize("fp8_speedup, recipe, align", [(1.5, "DelayedScaling", 16),
-                                                        (0.7, "bf16", 1)])
-def test_the_sweep_map_decides_the_recipe_where_nothing_fuses(fp8_speedup, recipe, align):
+@pytest.mark.parametrize("fp8_speedup, recipe, align, backend", [
+    (1.5, "DelayedScaling", 16, "te_grouped_linear"),
+    # bf16 on a Hopper: the course's default for experts this small (experts.default_backend)
+    (0.7, "bf16", 1, "te_permute_grouped_mm")])
+def test_the_sweep_map_decides_the_recipe_where_nothing_fuses(fp8_speedup, recipe, align, backend):
     model = analyze.load_model("tiny")
     verdicts = decide.decision_map(_sweep_rows(fp8_speedup))
     items = {i["item"]: i for i in analyze.recommend(
         model, analyze.arch_capabilities("hopper"), arch="hopper", verdicts=verdicts,
         source="a sweep", batch=1, seq_len=64, gpus=8, gpu_bytes=140 * 2**30)}
-    assert items["backend"]["choice"] == "te_grouped_linear"
+    assert items["backend"]["choice"] == backend
     assert (items["recipe"]["choice"], items["alignment"]["choice"]) == (recipe, align)
     assert f"{fp8_speedup:.2f}×" in items["recipe"]["reason"]
+    # What the sweep picked among TE's layers stays in the reason
+    assert "te_grouped_linear" in items["backend"]["reason"]
+
+
+@pytest.mark.parametrize("arch, hidden, intermediate, backend", [
+    ("hopper", 4096, 14336, "te_grouped_linear"),  # Mixtral-wide experts: TE's grouped layers
+    ("blackwell", 32, 64, "te_grouped_linear"),  # unfused there; the H200 rule is not applied
+])
+def test_the_bf16_default_path_only_where_it_was_measured(arch, hidden, intermediate, backend):
+    tiny = analyze.load_model("tiny")
+    wide = dataclasses.replace(tiny, config=dataclasses.replace(
+        tiny.config, hidden_size=hidden, intermediate_size=intermediate))
+    items = {i["item"]: i for i in analyze.recommend(
+        wide, analyze.arch_capabilities(arch), arch=arch, verdicts=decide.decision_map(_sweep_rows(0.7)),
+        source="a sweep", batch=1, seq_len=64, gpus=8, gpu_bytes=140 * 2**30)}
+    assert (items["backend"]["choice"], items["recipe"]["choice"]) == (backend, "bf16")
 
 
 def test_on_a_gpu_the_sweep_decides_for_that_gpu(monkeypatch):

@@ -212,3 +212,46 @@ def test_te_fuser_chooses_the_fused_mlp_for_the_course_construction(te):
     bad = [c for c in report["shapes"]["fine_grained"]["cases"] if not c["agrees"]]
     assert not bad, bad
     assert summary["row_check_raises_on_100_rows"]
+
+
+def test_the_torch_grouped_paths_give_the_loops_weight_gradients(te):
+    """`grouped_torch` and `te_permute_grouped_mm` train the HF-layout weights themselves: their
+    weight gradients (torch._grouped_mm's backward) are the loop's."""
+    ref, x, w, idx = _problem(skew=True)
+    _fwd_bwd(ref, x, idx, w)
+    for backend in ("grouped_torch", "te_permute_grouped_mm"):
+        module = ExpertMLP(8, 256, 512, dtype=torch.bfloat16, device="cuda")
+        module.load_hf_weights(ref.gate_up_proj, ref.down_proj)
+        module = convert_experts(module, backend)
+        _fwd_bwd(module, x, idx, w)
+        for name in ("gate_up_proj", "down_proj"):
+            got, expected = getattr(module, name).grad, getattr(ref, name).grad
+            assert _relerr(got, expected) < 2e-2, f"{backend} {name}.grad: {_relerr(got, expected):.2e}"
+
+
+def test_auto_picks_the_small_expert_path_and_trains_like_grouped_torch(te):
+    """`set_expert_backend("auto")` on a GPU with TE: small bf16 experts run TE's permutation
+    around torch._grouped_mm (`experts.default_backend`), and three AdamW steps give the losses
+    of the pure-PyTorch grouped path from the same weights."""
+    cfg = preset("tiny", hidden_size=256, intermediate_size=512, num_experts=8, dtype="bfloat16",
+                 max_seq_len=128)
+    ids = torch.randint(0, cfg.vocab_size, (4, 128), device="cuda")
+    targets = torch.roll(ids, -1, 1)
+    losses = {}
+    for backend in ("grouped_torch", "auto"):
+        torch.manual_seed(0)
+        model = MoEForCausalLM(cfg, device="cuda").set_expert_backend(backend)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses[backend] = []
+        for _ in range(3):
+            loss = model(ids, targets).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses[backend].append(loss.item())
+        if backend == "auto":
+            assert all(p.startswith("te.moe_permute") and "torch._grouped_mm" in p
+                       for p in model.expert_paths()), model.expert_paths()
+    for a, b in zip(losses["grouped_torch"], losses["auto"]):
+        assert abs(a - b) < 0.02, losses
+    assert losses["auto"][-1] < losses["auto"][0]

@@ -221,9 +221,10 @@ def grouped_torch_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: tor
 
 def te_permute_grouped_mm_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tensor,
                                   weights: torch.Tensor) -> torch.Tensor:
-    """TE's permutation kernels (one host sync, for the buffer's size) around the two grouped
-    GEMMs of `grouped_torch_experts`, the routing weights applied when the rows are merged; on a
-    CPU or without TE, `routing.permute` / `routing.unpermute` with the same result."""
+    """TE's permutation kernels (which wait for the GPU twice: whether to pad, and the buffer's
+    size) around the two grouped GEMMs of `grouped_torch_experts`, the routing weights applied
+    when the rows are merged; on a CPU or without TE, `routing.permute` / `routing.unpermute`
+    with the same result."""
     te = hardware.transformer_engine() if hidden.is_cuda else None
     d = dispatch(hidden, indices, weights, experts.num_experts, 1, te)
     offsets = torch.cumsum(d.m_splits, 0).to(torch.int32)  # on the device: no sync per GEMM

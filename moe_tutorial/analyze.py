@@ -508,25 +508,32 @@ def _backend(config, caps, verdicts, source, width) -> tuple[str, str]:
                     f"{te_ops_evidence}; {not_fused}")
 
 
+def bf16_default_path(hidden_size: int, intermediate_size: int, backend: str) -> str | None:
+    """The course's default path (`experts.default_backend`) that replaces TE grouped layer
+    `backend` for bf16 experts of this size on a GPU with TE, or None where it keeps `backend`
+    (a larger expert, or a backend that is not one of TE's)."""
+    if backend not in experts.TE_BACKENDS:
+        return None
+    pick = experts.default_backend(hidden_size, intermediate_size, fp8=False, te_on_gpu=True)
+    return None if pick in experts.TE_BACKENDS else pick
+
+
 def _bf16_backend(config, caps, backend, reason) -> tuple[str, str]:
     """Where the experts train in bf16 on a Hopper with TE, the course's default path for their
-    size (`experts.default_backend`): TE's permutation around `torch._grouped_mm` for small
-    experts. That rule comes from the H200 run and the sweep does not time it, so it is applied on
-    Hopper only and the reason says where the evidence lies."""
+    size (`bf16_default_path`): TE's permutation around `torch._grouped_mm` for small experts.
+    That rule comes from the H200 run and the sweep does not time it, so it is applied on Hopper
+    only and the reason says where the evidence lies."""
     hopper = (caps.env.compute_capability or (0, 0))[0] == 9
-    if backend not in experts.TE_BACKENDS or not hopper:
-        return backend, reason
-    pick = experts.default_backend(config.hidden_size, config.intermediate_size, fp8=False,
-                                   te_on_gpu=True)
-    if pick == backend or pick in experts.TE_BACKENDS:
+    pick = bf16_default_path(config.hidden_size, config.intermediate_size, backend)
+    if pick is None or not hopper:
         return backend, reason
     elements = config.hidden_size * config.intermediate_size
     return pick, (f"{pick}: in bf16, experts of {config.hidden_size} × "
                   f"{config.intermediate_size} = {elements:,} weights per projection (at most "
-                  f"experts.SMALL_EXPERT_ELEMENTS = {experts.SMALL_EXPERT_ELEMENTS:,}) ran fastest with TE's "
-                  f"permutation around torch._grouped_mm in the course's H200 run "
-                  f"(experts.default_backend; benchmarks/results/h200.json), which the sweep does "
-                  f"not time; among TE's grouped layers the map picked {reason}")
+                  f"experts.SMALL_EXPERT_ELEMENTS = {experts.SMALL_EXPERT_ELEMENTS:,}) ran "
+                  f"fastest with TE's permutation around torch._grouped_mm in the course's H200 "
+                  f"run (experts.default_backend; benchmarks/results/h200.json), which the sweep "
+                  f"does not time; among TE's grouped layers the map picked {reason}")
 
 
 def _recipe(caps, verdicts, source, width, backend) -> tuple[str | None, str]:

@@ -229,9 +229,9 @@ def h200_expert_notes() -> str:
     if unsupported:
         lines.append(f"- Reported UNSUPPORTED (the library has no kernel for it on this GPU): "
                      f"{', '.join(unsupported)}.")
-    lines.append("- The loop waits for the host once per expert (its shape depends on the routing), "
-                 "so its time moves between runs on the same machine type and versions: the fine-grained loop (balanced) took "
-                 + ", ".join(loops) + ".")
+    lines.append("- The loop waits for the host once per expert (its shape depends on the "
+                 "routing), so its time moves between runs on the same machine type and versions: "
+                 "the fine-grained loop (balanced) took " + ", ".join(loops) + ".")
     per_expert = _loop_cost_per_expert_hit(experts, "deepseek_v3")
     if per_expert:
         lines.append(per_expert)
@@ -885,15 +885,14 @@ def h200_analyze() -> str:
 
 
 def _now_default_path(report: dict, chosen: list[dict]) -> bool:
-    """Whether today's `analyze` would swap this recorded bf16 TE-layer recommendation for the
-    course's default small-expert path (`analyze._bf16_backend`'s rule)."""
-    from . import experts
+    """Whether today's `analyze` would swap this recorded bf16 recommendation (made on an H200)
+    for the course's default small-expert path (`analyze.bf16_default_path`)."""
+    from .analyze import bf16_default_path
 
     picks = {item["item"]: item["choice"] for item in chosen}
     config = report["model"]["config"]
-    return (picks["recipe"] == "bf16" and picks["backend"] in experts.TE_BACKENDS
-            and experts.default_backend(config["hidden_size"], config["intermediate_size"],
-                                        fp8=False, te_on_gpu=True) == "te_permute_grouped_mm")
+    return picks["recipe"] == "bf16" and bf16_default_path(
+        config["hidden_size"], config["intermediate_size"], picks["backend"]) is not None
 
 
 # The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.

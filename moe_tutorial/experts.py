@@ -230,16 +230,18 @@ def te_permute_grouped_mm_experts(experts: ExpertMLP, hidden: torch.Tensor, indi
     offsets = torch.cumsum(d.m_splits, 0).to(torch.int32)  # on the device: no sync per GEMM
     h, path = grouped_mm(d.rows, experts.gate_up_proj, offsets)
     y, _ = grouped_mm(swiglu(h), experts.down_proj, offsets)
-    without_te = "" if te is not None else f" [pure-PyTorch counterpart: {_why_no_te(hidden)}]"
+    without_te = "" if te is not None else f" [pure-PyTorch counterpart: {_why_no_te(hidden.device)}]"
     experts.last_path = f"{d.path} → {path} → SwiGLU → {path}{without_te}"
     return d.combine(y, True)
 
 
-def _why_no_te(hidden: torch.Tensor) -> str:
+def _why_no_te(device: torch.device | None = None) -> str:
+    """Why a backend runs its pure-PyTorch counterpart instead of TE's kernels here (`device`:
+    where its tokens are, when that is what decides)."""
     if not torch.cuda.is_available():
         return "no CUDA device"
-    if not hidden.is_cuda:
-        return f"the tokens are on {hidden.device}, TE's kernels run on a CUDA GPU"
+    if device is not None and device.type != "cuda":
+        return f"the tokens are on {device}, TE's kernels run on a CUDA GPU"
     return hardware.capabilities()["te_grouped_linear"].reason
 
 
@@ -248,9 +250,9 @@ def _why_no_te(hidden: torch.Tensor) -> str:
 # layer's bf16 rows in benchmarks/results/h200.json (forward + backward, balanced routing):
 # TE's permutation around torch._grouped_mm was the fastest bf16 path for every shape of at most
 # 2048 × 7168 = 14.7M elements (the small, OLMoE, Qwen3, fine-grained and DeepSeek-V3 shapes;
-# DeepSeek-V3's by under 1% over TE's GroupedLinear, a tie), and te.ops was for Mixtral's 4096 × 14336 = 58.7M (its cuBLAS GEMMs beat the CUTLASS grouped
-# kernel there). The boundary lies between the two; `tests/test_experts.py` checks the rule
-# against the committed rows.
+# DeepSeek-V3's by under 1% over TE's GroupedLinear, a tie), and te.ops was for Mixtral's
+# 4096 × 14336 = 58.7M (its cuBLAS GEMMs beat the CUTLASS grouped kernel there). The boundary
+# lies between the two; `tests/test_experts.py` checks the rule against the committed rows.
 SMALL_EXPERT_ELEMENTS = 16 * 2**20
 
 
@@ -508,9 +510,7 @@ class _TEExperts(nn.Module):
         return self._te is not None
 
     def _fallback_note(self) -> str:
-        return "" if self.uses_te else " [pure-PyTorch counterpart: " + (
-            "no CUDA device" if not torch.cuda.is_available() else
-            hardware.capabilities()["te_grouped_linear"].reason) + "]"
+        return "" if self.uses_te else f" [pure-PyTorch counterpart: {_why_no_te()}]"
 
     def _linears(self) -> tuple[nn.Module, nn.Module]:
         raise NotImplementedError

@@ -272,6 +272,43 @@ def _speed_of_light(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_idle_gaps(args: argparse.Namespace) -> None:
+    import torch
+
+    from . import bench
+    from .config import PRESETS
+    from .data import check_count
+
+    _check_output_file("--out", args.out, args.replace, make_parents=True)
+    if args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {sorted(PRESETS)}")
+    check_count("--batch", args.batch)
+    check_count("--seq-len", args.seq_len, least=2)
+    for name in args.variants:
+        bench.variant(name)
+    if not torch.cuda.is_available():
+        raise ValueError("idle-gaps profiles the GPU's idle time between kernels and torch sees "
+                         "no CUDA GPU here; run it on a GPU (on a CPU, `bench --profile` shows "
+                         "where the host spends the step)")
+
+
+def _idle_gaps(args: argparse.Namespace) -> int:
+    from . import idle_gaps
+
+    def report(name, entry):
+        gaps = idle_gaps.IdleGaps.from_dict(entry["gaps"])
+        print(f"\n{name}: {entry['median_ms']:.1f} ms per step (unprofiled median); "
+              f"experts: {entry['path'] or '-'}")
+        gaps.show(title=f"{name}: where the GPU waits")
+
+    result = idle_gaps.run(args.variants, preset_name=args.preset, batch=args.batch,
+                           seq_len=args.seq_len, with_stack=args.python_stacks,
+                           on_variant=report)
+    if args.out:
+        _write_json(result, args.out)
+    return 0
+
+
 def _check_analyze(args: argparse.Namespace) -> None:
     from .analyze import check_arguments
 
@@ -293,7 +330,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 # Each command's checks of its arguments, run before any of its work (see `main`).
 _CHECKS = {"train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
-           "analyze": _check_analyze}
+           "analyze": _check_analyze, "idle-gaps": _check_idle_gaps}
 
 
 def _write_json(doc: dict, path: str) -> None:
@@ -439,6 +476,20 @@ def main(argv: list[str] | None = None) -> int:
     sol.add_argument("--replace", action="store_true",
                      help="replace an existing --out file (else it is refused)")
     sol.set_defaults(run=_speed_of_light)
+    idle = sub.add_parser("idle-gaps",
+                          help="on a GPU: each idle gap of the training step, by what the GPU "
+                               "waited for (a host sync, or the host behind) and where")
+    idle.add_argument("--variants", nargs="+", required=True,
+                      help="training-step variants of the benchmark, e.g. ours_te_ops_fp8_compiled")
+    idle.add_argument("--preset", default="mixtral-2l")
+    idle.add_argument("--batch", type=int, default=2)
+    idle.add_argument("--seq-len", type=int, default=4096)
+    idle.add_argument("--python-stacks", action="store_true",
+                      help="also record Python frames (slows the host: longer gaps)")
+    idle.add_argument("--out", default=None, help="write the results as JSON here")
+    idle.add_argument("--replace", action="store_true",
+                      help="replace an existing --out file (else it is refused)")
+    idle.set_defaults(run=_idle_gaps)
     an = sub.add_parser("analyze",
                         help="the course's analysis of your own MoE: parameters, expert GEMM "
                              "shapes, padding, fused-MLP conditions, memory per layout, and a "

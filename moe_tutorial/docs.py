@@ -549,6 +549,47 @@ def h200_compiled_candidates() -> str:
         f"our FP8 step is {hf_twin['median_ms'] / fp8['median_ms']:.2f}×.")
 
 
+IDLE_GAPS_RUN = "h200_idle_gaps.json"
+
+
+def h200_idle_gaps() -> str:
+    """Each profiled variant's idle GPU time by cause (`idle_gaps`), where the best step's
+    after-sync idle time comes from, and what its GPU work alone would take against HF."""
+    from .idle_gaps import AFTER_SYNC, HOST_BEHIND, SHORT, IdleGaps
+
+    run = _load(IDLE_GAPS_RUN)
+    env, variants = run["environment"], run["variants"]
+    gaps = {name: IdleGaps.from_dict(v["gaps"]) for name, v in variants.items()}
+    rows = []
+    for name, g in gaps.items():
+        causes = g.ms_by_cause()
+        rows.append([f"`{name}`", f"{variants[name]['median_ms']:.1f}", f"{g.busy_ms:.1f}",
+                     f"{g.idle_ms:.1f}", f"{causes[AFTER_SYNC]:.1f}", f"{g.syncs_per_step:.0f}",
+                     f"{causes[HOST_BEHIND]:.1f}", f"{causes[SHORT]:.1f}"])
+    ours = [name for name in gaps if not name.startswith("hf_")]
+    best = min(ours, key=lambda name: variants[name]["median_ms"])
+    hf = variants["hf_grouped_mm_compiled"]["median_ms"]
+    target = {key: goal for key, _, goal, _ in TARGETS}[
+        "train_step_speedup_vs_hf_grouped_mm_compiled"]
+    places = [r for r in gaps[best].rows if r["cause"] == AFTER_SYNC][:3]
+    return (
+        f"One {env['gpu']}, torch {env['torch']}, TE {env['transformer_engine']}, "
+        f"`{run['preset']}`, batch {run['batch']} × {run['seq_len']}, {run['steps']} profiled "
+        f"steps per variant, ms per step, in {_link(IDLE_GAPS_RUN)}. The profiler slows the "
+        f"host, so busy + idle exceeds the unprofiled median and the idle columns are upper "
+        f"bounds:\n\n"
+        + _table(["variant", "ms/step (unprofiled)", "GPU busy", "GPU idle", "after a host sync",
+                  "host syncs", "host behind, no sync", "gaps < 20 µs"],
+                 ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+        + f"\n\nThe largest after-sync gaps of `{best}`, by the op that waited and the op "
+        f"around it: "
+        + "; ".join(f"`{r['where']}` {r['ms']:.2f} ms in {r['gaps']:.3g} gaps" for r in places)
+        + f". Its GPU work alone ({gaps[best].busy_ms:.1f} ms busy) would be "
+        f"{hf / gaps[best].busy_ms:.2f}× the compiled HF step of the same run "
+        f"({hf:.1f} ms; issue 19's target {target}×): what separates the step from the target "
+        f"is time the GPU waits for the host, not kernel time.")
+
+
 def _profile_ms(text: str, name: str) -> float:
     """CUDA total of one row of torch.profiler's table, in ms."""
     for line in text.splitlines():
@@ -1009,6 +1050,7 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-speed-of-light": h200_speed_of_light,
         "h200-step-in-backward": h200_step_in_backward,
         "h200-compiled-candidates": h200_compiled_candidates,
+        "h200-idle-gaps": h200_idle_gaps,
         "published-recipe": published_recipe,
         "h200-profile": h200_profile,
         "h200-history": h200_history,

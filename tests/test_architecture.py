@@ -22,7 +22,7 @@ LAYERS = [
      {"train", "checkpoint", "dist_checkpoint", "sharded_init", "probes", "memory"}),
     ("measurement", {"bench", "skew"}),
     ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course",
-                                  "step_profile", "speed_of_light"}),
+                                  "step_profile", "idle_gaps", "speed_of_light"}),
     ("the benchmark matrix, the decision sweep", {"matrix", "decide"}),
     ("the analysis of a learner's own model", {"analyze"}),
     ("the README's numbers", {"docs"}),

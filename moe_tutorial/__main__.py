@@ -241,16 +241,24 @@ def _check_bench(args: argparse.Namespace) -> None:
         bench.variant(name)
 
 
-def _check_speed_of_light(args: argparse.Namespace) -> None:
+def _check_step_workload(args: argparse.Namespace) -> None:
+    """--out, --preset, --batch and --seq-len of a command that profiles one training step
+    (`_add_step_workload`)."""
     from .config import PRESETS
     from .data import check_count
 
-    _check_device(args.device)
     _check_output_file("--out", args.out, args.replace, make_parents=True)
     if args.preset not in PRESETS:
         raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {sorted(PRESETS)}")
     check_count("--batch", args.batch)
     check_count("--seq-len", args.seq_len, least=2)
+
+
+def _check_speed_of_light(args: argparse.Namespace) -> None:
+    from .data import check_count
+
+    _check_device(args.device)
+    _check_step_workload(args)
     if args.layers is not None:
         check_count("--layers", args.layers)
     if args.committed and not Path(args.committed).is_file():
@@ -276,14 +284,8 @@ def _check_idle_gaps(args: argparse.Namespace) -> None:
     import torch
 
     from . import bench
-    from .config import PRESETS
-    from .data import check_count
 
-    _check_output_file("--out", args.out, args.replace, make_parents=True)
-    if args.preset not in PRESETS:
-        raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {sorted(PRESETS)}")
-    check_count("--batch", args.batch)
-    check_count("--seq-len", args.seq_len, least=2)
+    _check_step_workload(args)
     for name in args.variants:
         bench.variant(name)
     if not torch.cuda.is_available():
@@ -331,6 +333,17 @@ def _analyze(args: argparse.Namespace) -> int:
 # Each command's checks of its arguments, run before any of its work (see `main`).
 _CHECKS = {"train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
            "analyze": _check_analyze, "idle-gaps": _check_idle_gaps}
+
+
+def _add_step_workload(parser: argparse.ArgumentParser, *, out_help: str) -> None:
+    """The training step a profiling command measures (`mixtral-2l`, 2 × 4096 by default, as
+    the benchmark's GPU step) and where its JSON goes; checked by `_check_step_workload`."""
+    parser.add_argument("--preset", default="mixtral-2l")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--out", default=None, help=out_help)
+    parser.add_argument("--replace", action="store_true",
+                        help="replace an existing --out file (else it is refused)")
 
 
 def _write_json(doc: dict, path: str) -> None:
@@ -459,11 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     sol = sub.add_parser("speed-of-light",
                          help="the training step's floor per part from the model's shapes and "
                               "this device's measured rates, vs each chapter's profiled step")
-    sol.add_argument("--preset", default="mixtral-2l")
+    _add_step_workload(sol, out_help="write the speed_of_light section as JSON here")
     sol.add_argument("--layers", type=int, default=None,
                      help="the preset with this many layers (default: the preset's)")
-    sol.add_argument("--batch", type=int, default=2)
-    sol.add_argument("--seq-len", type=int, default=4096)
     sol.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     sol.add_argument("--committed", default=None, metavar="JSON",
                      help="read the rates from a bench result file instead of measuring them")
@@ -472,23 +483,15 @@ def main(argv: list[str] | None = None) -> int:
     sol.add_argument("--profile-upto", default=None,
                      choices=["naive", "grouped", "te_ops", "fp8"],
                      help="also profile each course chapter's step up to this one")
-    sol.add_argument("--out", default=None, help="write the speed_of_light section as JSON here")
-    sol.add_argument("--replace", action="store_true",
-                     help="replace an existing --out file (else it is refused)")
     sol.set_defaults(run=_speed_of_light)
     idle = sub.add_parser("idle-gaps",
                           help="on a GPU: each idle gap of the training step, by what the GPU "
                                "waited for (a host sync, or the host behind) and where")
     idle.add_argument("--variants", nargs="+", required=True,
                       help="training-step variants of the benchmark, e.g. ours_te_ops_fp8_compiled")
-    idle.add_argument("--preset", default="mixtral-2l")
-    idle.add_argument("--batch", type=int, default=2)
-    idle.add_argument("--seq-len", type=int, default=4096)
+    _add_step_workload(idle, out_help="write the results as JSON here")
     idle.add_argument("--python-stacks", action="store_true",
                       help="also record Python frames (slows the host: longer gaps)")
-    idle.add_argument("--out", default=None, help="write the results as JSON here")
-    idle.add_argument("--replace", action="store_true",
-                      help="replace an existing --out file (else it is refused)")
     idle.set_defaults(run=_idle_gaps)
     an = sub.add_parser("analyze",
                         help="the course's analysis of your own MoE: parameters, expert GEMM "

@@ -566,7 +566,9 @@ def h200_idle_gaps() -> str:
         rows.append([f"`{name}`", f"{variants[name]['median_ms']:.1f}", f"{g.busy_ms:.1f}",
                      f"{g.idle_ms:.1f}", f"{causes[AFTER_SYNC]:.1f}", f"{g.syncs_per_step:.0f}",
                      f"{causes[HOST_BEHIND]:.1f}", f"{causes[SHORT]:.1f}"])
-    ours = [name for name in gaps if not name.startswith("hf_")]
+    from .bench import variant
+
+    ours = [name for name in gaps if not variant(name).hf]
     best = min(ours, key=lambda name: variants[name]["median_ms"])
     hf = variants["hf_grouped_mm_compiled"]["median_ms"]
     target = {key: goal for key, _, goal, _ in TARGETS}[

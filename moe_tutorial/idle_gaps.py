@@ -210,9 +210,7 @@ def attribute(kernels: Sequence, host_events: Sequence, *, steps: int,
                            "(no host event launched the next kernel)")
             rows[key][0] += gap
             rows[key][1] += 1
-            busy += end - start
-        else:
-            busy += max(0.0, end - busy_until)
+        busy += max(0.0, end - max(start, busy_until))  # overlapping kernels counted once
         busy_until = max(busy_until, end)
     ordered = sorted(rows.items(), key=lambda item: -item[1][0])
     kept, rest = ordered[:MAX_ROWS], ordered[MAX_ROWS:]
@@ -235,16 +233,9 @@ def profile(step: Callable[[], object], *, device="cuda", steps: int = 3, warmup
     """Run `step()` (one whole training step) `warmup` times, then `steps` times under
     torch.profiler (`with_stack`: with Python frames, see the module docstring), and attribute
     the GPU's idle gaps (`attribute`)."""
-    from torch.profiler import ProfilerActivity, record_function
-    from torch.profiler import profile as torch_profile
+    from .step_profile import _cuda_kernels, profiled_steps
 
-    from .step_profile import _cuda_kernels
-
-    if not callable(step):
-        raise ValueError(f"step must be a function running one training step, got "
-                         f"{type(step).__name__}")
-    check_count("steps", steps)
-    check_count("warmup", warmup, least=0)
+    # Refused before any step runs, with advice for this module (a CPU step has no kernels)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -253,16 +244,7 @@ def profile(step: Callable[[], object], *, device="cuda", steps: int = 3, warmup
         raise ValueError(f"device={device!r}: idle gaps are the GPU's, between its kernels; "
                          f"profile a CUDA step (on a CPU, step_profile's 'cpu ops' breakdown "
                          f"shows where the host spends the step)")
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize(dev)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as step_profile: no kineto lines in outputs
-    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                       with_stack=with_stack, acc_events=True) as prof:
-        with record_function("idle_gaps: profiled steps"):
-            for _ in range(steps):
-                step()
-            torch.cuda.synchronize(dev)
+    prof, _ = profiled_steps(step, device=dev, steps=steps, warmup=warmup, with_stack=with_stack)
     host = [e for e in prof.events() if e.device_type.name == "CPU"]
     return attribute(_cuda_kernels(prof), host, steps=steps, min_gap_us=min_gap_us)
 

@@ -342,12 +342,12 @@ def _device(device) -> torch.device:
     return dev
 
 
-def profile_step(step: Callable[[], object], *, device, steps: int = 3,
-                 warmup: int = 2) -> StepBreakdown:
-    """Run `step()` `warmup` times, then `steps` times under torch.profiler, and split the
-    profiled steps' time by part: kernel time on a CUDA device, the calling thread's op time on a
-    CPU (the module docstring says what each means). `step` must run one whole training step
-    (forward, backward, optimizer step), e.g. `bench._timed_step(...)`."""
+def profiled_steps(step: Callable[[], object], *, device, steps: int = 3, warmup: int = 2,
+                   with_stack: bool = False):
+    """Run `step()` `warmup` times, then `steps` times under torch.profiler (CPU activity, and
+    CUDA on a CUDA device; `with_stack`: Python frames too) inside the range `REGION`; return
+    the profiler and the checked device. On a GPU the region ends once the GPU has finished the
+    last kernel."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     if not callable(step):
@@ -371,11 +371,22 @@ def profile_step(step: Callable[[], object], *, device, steps: int = 3,
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     # acc_events: one cycle here, so nothing accumulates; without it torch warns on stderr that
     # events are cleared between cycles (seen in the notebooks' outputs on the H200)
-    with profile(activities=activities, acc_events=True) as prof:
+    with profile(activities=activities, with_stack=with_stack, acc_events=True) as prof:
         with record_function(REGION):
             for _ in range(steps):
                 step()
             sync()  # inside the region: its end is when the GPU has finished the last kernel
+    return prof, dev
+
+
+def profile_step(step: Callable[[], object], *, device, steps: int = 3,
+                 warmup: int = 2) -> StepBreakdown:
+    """Run `step()` `warmup` times, then `steps` times under torch.profiler, and split the
+    profiled steps' time by part: kernel time on a CUDA device, the calling thread's op time on a
+    CPU (the module docstring says what each means). `step` must run one whole training step
+    (forward, backward, optimizer step), e.g. `bench._timed_step(...)`."""
+    prof, dev = profiled_steps(step, device=device, steps=steps, warmup=warmup)
+    on_gpu = dev.type == "cuda"
     events = prof.events()
     region = next(e for e in events if e.name == REGION)
     units = _kernel_units(events, _cuda_kernels(prof)) if on_gpu else _op_units(events, region)

@@ -288,11 +288,12 @@ class Variant:
         """HF's baseline as HF users run it: torch's fused AdamW over all parameters; ours: the
         course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). A
         `step_in_backward` variant: the same AdamW stepped in the backward pass
-        (`train.StepInBackward`)."""
+        (`train.StepInBackward`); with `compiled_adamw` too, one compiled update per layer."""
         from .train import (
             StepInBackward,
             TrainSettings,
             compiled_adamw,
+            layer_groups,
             make_optimizer,
             make_step_in_backward,
         )
@@ -303,13 +304,16 @@ class Variant:
                              f"does not apply to it")
         settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
         if self.hf:
+            everything = [{"params": list(module.parameters())}]
+            if self.step_in_backward and self.compiled_adamw:
+                return StepInBackward(layer_groups(module, everything), compiled=True, lr=lr)
             if self.step_in_backward:
-                return StepInBackward([{"params": list(module.parameters())}], lr=lr, fused=fused)
+                return StepInBackward(everything, lr=lr, fused=fused)
             if self.compiled_adamw:
-                return compiled_adamw([{"params": list(module.parameters())}], settings)
+                return compiled_adamw(everything, settings)
             return torch.optim.AdamW(module.parameters(), lr=lr, fused=fused)
         if self.step_in_backward:
-            return make_step_in_backward(module, settings)
+            return make_step_in_backward(module, settings, compiled=self.compiled_adamw)
         return make_optimizer(module, settings,
                               "torch_adamw_compiled" if self.compiled_adamw else kind)
 
@@ -337,6 +341,16 @@ VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, i
     Variant("ours_te_ops_fp8_compiled_adamw", "te_ops", "fp8", compiled_adamw=True),
     Variant("ours_te_ops_bf16_compiled", "te_ops", compiled_loss=True, compiled_adamw=True),
     Variant("ours_te_ops_fp8_compiled", "te_ops", "fp8", compiled_loss=True, compiled_adamw=True),
+    # AdamW compiled and stepped in the backward pass, one layer's group at a time on a side
+    # stream (`train.StepInBackward(compiled=True)`)
+    Variant("hf_grouped_mm_compiled_compiled_adamw_step_in_backward", "grouped_mm", hf=True,
+            compiled=True, compiled_adamw=True, step_in_backward=True),
+    Variant("ours_te_ops_bf16_compiled_step_in_backward", "te_ops", compiled_loss=True,
+            compiled_adamw=True, step_in_backward=True),
+    Variant("ours_te_ops_fp8_compiled_loss_step_in_backward", "te_ops", "fp8", compiled_loss=True,
+            step_in_backward=True),
+    Variant("ours_te_ops_fp8_compiled_step_in_backward", "te_ops", "fp8", compiled_loss=True,
+            compiled_adamw=True, step_in_backward=True),
 )}
 CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items() if v.changes)
 # The course's ladder, from HF's baselines to our fastest step: what `bench` runs by default and
@@ -388,7 +402,8 @@ def candidate_gains(train_rows: list[dict]) -> list[dict]:
 # The committed runs of the candidates (`bench --train-variants <base> <candidate> ...` on one H200)
 CANDIDATE_RUNS = ("benchmarks/results/h200_step_in_backward_side_stream.json",
                   "benchmarks/results/h200_compiled_candidates.json",
-                  "benchmarks/results/h200_compiled_candidates_rerun.json")
+                  "benchmarks/results/h200_compiled_candidates_rerun.json",
+                  "benchmarks/results/h200_compiled_step_in_backward.json")
 
 
 def committed_candidate_gains() -> list[dict]:

@@ -491,7 +491,10 @@ def h200_speed_of_light() -> str:
 STEP_IN_BACKWARD_RUNS = (("h200_step_in_backward_same_stream.json",
                           "on the backward pass's own stream"),
                          ("h200_step_in_backward_side_stream.json",
-                          "on a side stream (`overlap=True`, the default)"))
+                          "on a side stream (`overlap=True`, the default)"),
+                         ("h200_compiled_step_in_backward.json",
+                          "compiled, a layer's group at a time, on a side stream "
+                          "(`compiled=True`)"))
 
 
 def h200_step_in_backward() -> str:
@@ -520,7 +523,8 @@ def h200_compiled_candidates() -> str:
     from .bench import VARIANTS, committed_candidate_gains
 
     gains = [gain for gain in committed_candidate_gains()
-             if VARIANTS[gain["variant"]].compiled_loss or VARIANTS[gain["variant"]].compiled_adamw]
+             if (VARIANTS[gain["variant"]].compiled_loss or VARIANTS[gain["variant"]].compiled_adamw)
+             and not VARIANTS[gain["variant"]].step_in_backward]  # those: h200_step_in_backward
     rows = [[gain["technique"], f"{_train_label(gain['base'])}, "
              f"{gain['precision'].replace('fp8', 'FP8')}",
              f"{gain['base_ms']:.1f} → {gain['ms']:.1f}", f"{gain['speedup']:.3f}×",

@@ -254,15 +254,16 @@ def test_candidates_are_named_not_run_by_default():
 
 def test_compiled_candidates_take_the_same_step():
     """The torch.compile candidates (on a CPU Inductor makes C++ kernels from the same graphs):
-    the compiled loss and the compiled AdamW step move the weights as the eager ones do, and a
-    learning-rate schedule reaches the compiled step through its tensor learning rate."""
+    the compiled loss and the compiled AdamW step (after the backward pass, or per layer inside
+    it) move the weights as the eager ones do, and a learning-rate schedule reaches the compiled
+    step through its tensor learning rate."""
     from moe_tutorial.train import set_learning_rate
 
     config = preset("tiny").with_overrides(dtype="float32")
     ids = torch.randint(0, config.vocab_size, (1, 17))
     after = {}
     for name in ("ours_te_ops_bf16", "ours_te_ops_bf16_compiled_loss",
-                 "ours_te_ops_bf16_compiled_adamw"):
+                 "ours_te_ops_bf16_compiled_adamw", "ours_te_ops_bf16_compiled_step_in_backward"):
         model, forward = bench.variant(name).build(config, "cpu")
         optimizer = bench.variant(name).optimizer(model, 1e-2)
         for lr in (1e-2, 3e-3):
@@ -271,7 +272,8 @@ def test_compiled_candidates_take_the_same_step():
         after[name] = [p.detach().clone() for p in model.parameters()]
     assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(3e-3)
-    for name in ("ours_te_ops_bf16_compiled_loss", "ours_te_ops_bf16_compiled_adamw"):
+    for name in ("ours_te_ops_bf16_compiled_loss", "ours_te_ops_bf16_compiled_adamw",
+                 "ours_te_ops_bf16_compiled_step_in_backward"):
         for got, want in zip(after[name], after["ours_te_ops_bf16"]):
             # a step moves a weight by ~lr (Adam): 1e-5 is a thousandth of one
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -610,6 +610,39 @@ def h200_idle_gaps() -> str:
         + f". So {verdict}.")
 
 
+# `python -m moe_tutorial idle-gaps` of the compiled AdamW stepped in the backward pass
+STEP_IN_BACKWARD_IDLE_RUN = "h200_idle_gaps_compiled_step_in_backward.json"
+
+
+def h200_compiled_step_in_backward_idle() -> str:
+    """The compiled step-in-backward FP8 step profiled in a process of its own, beside the
+    compiled FP8 step of the committed idle-gaps run: where its idle time went, and how far its
+    step time moves between processes."""
+    from .idle_gaps import IdleGaps
+
+    name, base = "ours_te_ops_fp8_compiled_step_in_backward", "ours_te_ops_fp8_compiled"
+    run, reference = _load(STEP_IN_BACKWARD_IDLE_RUN), _load(IDLE_GAPS_RUN)
+    early, after = run["variants"][name], reference["variants"][base]
+    g, b = IdleGaps.from_dict(early["gaps"]), IdleGaps.from_dict(after["gaps"])
+    bench_run = _train_rows(_load("h200_compiled_step_in_backward.json"))
+    between_processes = abs(early["median_ms"] - bench_run[name]["median_ms"])
+    between_variants = abs(bench_run[name]["median_ms"] - bench_run[base]["median_ms"])
+    busy = ("does not shrink" if g.busy_ms >= b.busy_ms else
+            f"shrinks by {b.busy_ms - g.busy_ms:.1f} ms")
+    spread = ("more" if between_processes > between_variants else "less")
+    fill = "do fill" if g.idle_ms < b.idle_ms else "do not fill"
+    return (
+        f"Profiled in a process of its own ({_link(STEP_IN_BACKWARD_IDLE_RUN)}), `{name}` "
+        f"ran {early['median_ms']:.1f} ms per step unprofiled, against "
+        f"{bench_run[name]['median_ms']:.1f} ms in the benchmark run above; the GPU was idle "
+        f"{g.idle_ms:.1f} ms per profiled step and busy {g.busy_ms:.1f}, against "
+        f"{b.idle_ms:.1f} and {b.busy_ms:.1f} for `{base}` ({_link(IDLE_GAPS_RUN)}, "
+        f"{after['median_ms']:.1f} ms unprofiled). The updates on the side stream {fill} the "
+        f"time the GPU waited for the host, yet the GPU's busy time {busy}, and the unprofiled "
+        f"step moves by {spread} between processes ({between_processes:.1f} ms) than between "
+        f"the two variants of one run ({between_variants:.1f} ms).")
+
+
 def _profile_ms(text: str, name: str) -> float:
     """CUDA total of one row of torch.profiler's table, in ms."""
     for line in text.splitlines():
@@ -1071,6 +1104,7 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-step-in-backward": h200_step_in_backward,
         "h200-compiled-candidates": h200_compiled_candidates,
         "h200-idle-gaps": h200_idle_gaps,
+        "h200-compiled-step-in-backward-idle": h200_compiled_step_in_backward_idle,
         "published-recipe": published_recipe,
         "h200-profile": h200_profile,
         "h200-history": h200_history,

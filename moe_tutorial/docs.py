@@ -488,11 +488,12 @@ def h200_speed_of_light() -> str:
 
 
 # AdamW stepped in the backward pass (`train.StepInBackward`), one file per way of running it
+COMPILED_STEP_IN_BACKWARD_RUN = "h200_compiled_step_in_backward.json"
 STEP_IN_BACKWARD_RUNS = (("h200_step_in_backward_same_stream.json",
                           "on the backward pass's own stream"),
                          ("h200_step_in_backward_side_stream.json",
                           "on a side stream (`overlap=True`, the default)"),
-                         ("h200_compiled_step_in_backward.json",
+                         (COMPILED_STEP_IN_BACKWARD_RUN,
                           "compiled, a layer's group at a time, on a side stream "
                           "(`compiled=True`)"))
 
@@ -624,7 +625,7 @@ def h200_compiled_step_in_backward_idle() -> str:
     run, reference = _load(STEP_IN_BACKWARD_IDLE_RUN), _load(IDLE_GAPS_RUN)
     early, after = run["variants"][name], reference["variants"][base]
     g, b = IdleGaps.from_dict(early["gaps"]), IdleGaps.from_dict(after["gaps"])
-    bench_run = _train_rows(_load("h200_compiled_step_in_backward.json"))
+    bench_run = _train_rows(_load(COMPILED_STEP_IN_BACKWARD_RUN))
     between_processes = abs(early["median_ms"] - bench_run[name]["median_ms"])
     between_variants = abs(bench_run[name]["median_ms"] - bench_run[base]["median_ms"])
     busy = ("does not shrink" if g.busy_ms >= b.busy_ms else

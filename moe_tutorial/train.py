@@ -201,7 +201,9 @@ class StepInBackward:
     def __init__(self, param_groups: list[dict], *, overlap: bool = True, compiled: bool = False,
                  **defaults):
         self._optimizers = {}  # parameter -> the AdamW that updates it
-        self._waiting = {}  # compiled: AdamW -> its parameters whose gradient is not complete yet
+        # AdamW -> its parameters whose gradient is not complete yet this step (one parameter
+        # each without `compiled`)
+        self._waiting = {}
         self._hooks = []
         self._stream = None  # the side stream, made on the first CUDA update when `overlap`
         self._overlap, self._compiled = overlap, compiled
@@ -210,32 +212,27 @@ class StepInBackward:
             params = [p for p in group["params"] if p.requires_grad]
             if any(p in self._optimizers for p in params) or len(set(params)) < len(params):
                 raise ValueError("a parameter appears in two groups")
-            if compiled and params:
-                optimizer = _bucket_adamw(params, options, defaults)
-                self._waiting[optimizer] = set(params)
-                self._optimizers.update(dict.fromkeys(params, optimizer))
-            for param in params:
-                if not compiled:
-                    self._optimizers[param] = torch.optim.AdamW(
-                        [{"params": [param], **options}], **defaults)
-                self._hooks.append(param.register_post_accumulate_grad_hook(self._ready))
+            updated_together = ([params] if compiled and params else [[p] for p in params])
+            for together in updated_together:
+                optimizer = (_bucket_adamw(together, options, defaults) if compiled else
+                             torch.optim.AdamW([{"params": together, **options}], **defaults))
+                self._waiting[optimizer] = set(together)
+                self._optimizers.update(dict.fromkeys(together, optimizer))
+            self._hooks += [p.register_post_accumulate_grad_hook(self._ready) for p in params]
         if not self._optimizers:
             raise ValueError("StepInBackward got no parameter that requires a gradient")
 
     def _ready(self, param: torch.Tensor) -> None:
         optimizer = self._optimizers[param]
-        if self._compiled:
-            waiting = self._waiting[optimizer]
-            waiting.discard(param)
-            if waiting:
-                return  # the group is updated with its last gradient
-        self._update(optimizer)
+        waiting = self._waiting[optimizer]
+        waiting.discard(param)
+        if not waiting:  # the optimizer's last gradient of this step
+            self._update(optimizer)
 
     @torch.no_grad()
     def _update(self, optimizer: torch.optim.AdamW) -> None:
         params = [p for p in optimizer.param_groups[0]["params"] if p.grad is not None]
-        if self._compiled:
-            self._waiting[optimizer] = set(optimizer.param_groups[0]["params"])
+        self._waiting[optimizer] = set(optimizer.param_groups[0]["params"])  # for the next step
         step = (lambda: _compiled_adamw_update(optimizer, params)) if self._compiled else (
             optimizer.step)
         if not (self._overlap and params[0].is_cuda):
@@ -318,14 +315,13 @@ def _compiled_foreach_adamw():
     """torch's functional foreach AdamW under torch.compile, made once: its guards are on the
     lists' lengths, shapes and dtypes, so groups of the same shapes (one per layer) share one
     compiled update. Static shapes: a group of other shapes compiles its own."""
-
     from torch.optim.adamw import adamw
 
     def update(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, weight_decay,
                eps):
-        adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True,
-                                capturable=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
-                                weight_decay=weight_decay, eps=eps, maximize=False)
+        adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, capturable=True,
+              amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
+              maximize=False)
 
     return torch.compile(update, dynamic=False)
 

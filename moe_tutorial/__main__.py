@@ -380,19 +380,24 @@ def _validate(args: argparse.Namespace) -> int:
 def _docs(args: argparse.Namespace) -> int:
     from . import docs
 
-    readme = args.readme or docs.README
+    root = Path(args.root) if args.root else docs.ROOT
     try:
-        if not args.check:
-            print(f"{readme}: " + ("regions rewritten" if docs.write(readme) else "up to date"))
+        if args.record_run:
+            out = docs.record_course_run(*args.record_run, replace=args.replace, note=args.note)
+            print(f"wrote {out}")
             return 0
-        problems = docs.check(readme)
-    except ValueError as exc:  # markers lost or broken in an edit: say which, no traceback
-        print(f"{readme}: {exc}", file=sys.stderr)
+        if not args.check:
+            changed = docs.write(root)
+            print(f"{root}: rewritten: {', '.join(changed)}" if changed else f"{root}: up to date")
+            return 0
+        problems = docs.check(root)
+    except docs.DocsError as exc:  # a missing document, or markers lost in an edit: one line
+        print(exc, file=sys.stderr)
         return 1
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
-        print(f"{readme}: {len(problems)} region(s) disagree with benchmarks/results/; "
+        print(f"{root}: {len(problems)} generated part(s) disagree with benchmarks/results/; "
               "run `python -m moe_tutorial docs` to regenerate them", file=sys.stderr)
     return 1 if problems else 0
 
@@ -511,11 +516,23 @@ def main(argv: list[str] | None = None) -> int:
     an.add_argument("--replace", action="store_true",
                     help="replace an existing --json file (else it is refused)")
     an.set_defaults(run=_analyze)
-    dc = sub.add_parser("docs", help="rewrite the README's generated regions from "
+    dc = sub.add_parser("docs", help="rewrite the generated regions of README.md and "
+                                     "docs/benchmarks.md and the README's chart from "
                                      "benchmarks/results/ (--check: fail where they disagree)")
     dc.add_argument("--check", action="store_true",
                     help="change nothing; exit 1 with a diff per region that disagrees")
-    dc.add_argument("--readme", default=None, help="the README to render (default: the repo's)")
+    dc.add_argument("--root", default=None,
+                    help="the folder holding README.md and docs/ to render or check (default: "
+                         "this repository; the results are always this checkout's)")
+    dc.add_argument("--record-run", metavar="RUN_DIR", nargs="+", default=None,
+                    help="instead: record the notebooks' run times of a finished `run --out "
+                         "RUN_DIR` (or of a run in parts, one folder each) with this machine's "
+                         "hardware and versions in benchmarks/results/ (the README's chapter "
+                         "table quotes them)")
+    dc.add_argument("--replace", action="store_true",
+                    help="with --record-run: write over an earlier record of that machine and mode")
+    dc.add_argument("--note", default=None,
+                    help="with --record-run: what a reader of the times should know about the run")
     dc.set_defaults(run=_docs)
 
     args = parser.parse_args(argv)

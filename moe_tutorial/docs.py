@@ -1,20 +1,27 @@
-"""The README's numbers, rendered from the result files under `benchmarks/results/`.
+"""The measured numbers the documents state, rendered from the files under `benchmarks/results/`.
 
-Every measured number the README states sits between two markers,
+Every measured number in `README.md` and `docs/benchmarks.md` sits between two markers,
 
     <!-- BEGIN generated: NAME (python -m moe_tutorial docs) -->
     ...
     <!-- END generated: NAME -->
 
-and is rendered here from the JSON the run wrote, so one file is the source of each number:
+and is rendered here from the JSON the run wrote, so one file is the source of each number; the
+README's headline chart (`docs/train-step-ladder.svg`) is drawn here from the same files:
 
-    python -m moe_tutorial docs           # rewrite the regions from the results
+    python -m moe_tutorial docs           # rewrite the regions and the chart from the results
     python -m moe_tutorial docs --check   # exit 1, with a diff per region, where they disagree
 
-A re-run of a benchmark changes the README by `docs`; a hand edit inside a region, or a result
-file that changed without `docs`, fails `--check` (tests/test_docs.py runs it with the suite).
-Figures published by others come from `published_recipe.json`, each with the file it was
-published in. The output is a function of the files alone (no clock, fixed formats).
+A re-run of a benchmark changes the documents by `docs`; a hand edit inside a region or of the
+chart, or a result file that changed without `docs`, fails `--check` (tests/test_docs.py runs it
+with the suite). Each region lives in exactly one document, whichever it is; a region lost or
+doubled in an edit is an error. Figures published by others come from `published_recipe.json`,
+each with the file it was published in. The output is a function of the committed files alone
+(no clock, fixed formats).
+
+The README's chapter table is rendered too: each chapter's reading time is estimated from the
+chapter notebook's words and code (`reading_minutes`), its run time is the one measured by a
+headless run of the course (`python -m moe_tutorial run`, recorded with `docs --record-run`).
 """
 
 from __future__ import annotations
@@ -22,14 +29,22 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
+import os
 import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
-RESULTS_LINK = "benchmarks/results"  # how the README links to a result file
+NOTEBOOKS = ROOT / "notebooks"
+RESULTS_LINK = "benchmarks/results"  # a result file's link, from the repository's root
+# The documents with generated regions and the generated chart, relative to the repository
+DOCUMENTS = ("README.md", "docs/benchmarks.md")
+CHART = "docs/train-step-ladder.svg"
 
 _REGION = re.compile(
     r"<!-- BEGIN generated: (?P<name>[\w-]+) \(python -m moe_tutorial docs\) -->\n"
@@ -37,10 +52,19 @@ _REGION = re.compile(
 _MARKER = re.compile(r"<!-- (BEGIN|END) generated: ([\w-]+)")
 
 
+class DocsError(ValueError):
+    """A document the generator cannot work on: missing, or its markers broken. The message is
+    one line that names the file and the fix."""
+
+
 @functools.cache
 def _load(name: str) -> dict:
-    with open(RESULTS / name) as f:
-        return json.load(f)
+    try:
+        with open(RESULTS / name) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DocsError(f"{RESULTS / name}: no such result file; the documents quote it, so "
+                        "restore it from git or re-run what wrote it") from None
 
 
 def _link(name: str) -> str:
@@ -376,7 +400,7 @@ def h200_train_step() -> str:
         f"FP8 took the step.")
 
 
-# Targets from the issue tracker: (summary key, the target with {} for its value, the value,
+# The course's targets: (summary key, the target with {} for its value, the value,
 # higher is better).
 TARGETS = [
     ("expert_mixtral_best_bf16_speedup_vs_loop",
@@ -445,7 +469,7 @@ def h200_targets() -> str:
     tps = like["tokens_per_s_per_gpu"]
     vs_hf = next(target for key, _, target, _ in TARGETS if key == "train_step_speedup_vs_hf_eager")
     return (_table(["target", "measured", ""], ["---", "---", "---"], rows) + "\n\n"
-            f"The {vs_hf:g}× target stands as the issue tracker states it, but the BioNeMo "
+            f"The {vs_hf:g}× target is kept as it was set, but the BioNeMo "
             f"recipe's {headline['published_speedup']:g}× is {headline['published_speedup_of']} "
             f"({headline['gpus']}, {headline['layout']}, seq {headline['seq_len']}), not a speedup "
             f"over HF; the recipe's like-for-like comparison with HF ({like['gpus']}, seq "
@@ -519,7 +543,7 @@ def h200_step_in_backward() -> str:
 
 
 def h200_compiled_candidates() -> str:
-    """The torch.compile candidates of issue 19, each beside its base variant in the same run,
+    """The torch.compile candidates, each beside its base variant in the same run,
     per committed run; then both together against the compiled HF step and the targets."""
     from .bench import VARIANTS, committed_candidate_gains
 
@@ -546,7 +570,7 @@ def h200_compiled_candidates() -> str:
                   "run"], ["---", "---", "---:", "---:", "---:", "---"], rows)
         + f"\n\nWith both, in {_link(last_run)}: our FP8 step "
         f"{fp8['median_ms']:.1f} ms, {hf['median_ms'] / fp8['median_ms']:.2f}× the compiled HF "
-        f"step's {hf['median_ms']:.1f} ms (issue 19's target "
+        f"step's {hf['median_ms']:.1f} ms (the course's target "
         f"{target['train_step_speedup_vs_hf_grouped_mm_compiled']}×), and our bf16 step "
         f"{bf16['median_ms']:.1f} ms, {hf['median_ms'] / bf16['median_ms']:.2f}× (target "
         f"{target['train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled']}×). AdamW compiled "
@@ -607,7 +631,7 @@ def h200_idle_gaps() -> str:
         f"around it: "
         + "; ".join(f"`{r['where']}` {r['ms']:.2f} ms in {r['gaps']:.3g} gaps" for r in places)
         + f". The GPU work alone of each precision's fastest step, against the compiled HF "
-        f"step of the same run ({hf:.1f} ms; issue 19's targets): " + "; ".join(alone)
+        f"step of the same run ({hf:.1f} ms; the course's targets): " + "; ".join(alone)
         + f". So {verdict}.")
 
 
@@ -814,7 +838,7 @@ def h200x2_matrix() -> str:
 
 
 def h200_fsdp2_world1() -> str:
-    """Issue 20's one-GPU check: the deepest Mixtral-width model `memory.predict` fits on one
+    """The one-GPU check of FSDP2: the deepest Mixtral-width model `memory.predict` fits on one
     H200, its step through FSDP2 at world size 1 against the non-distributed step, each peak
     next to its prediction; and the same FSDP2 step before the experts were left out of it."""
     from . import memory
@@ -849,7 +873,7 @@ def h200_fsdp2_world1() -> str:
             single_row(ten_layers, ten_single),
             fsdp2_row("FSDP2, world size 1", ten_layers, ten_fsdp2),
             fsdp2_row("FSDP2, world size 1, experts under FSDP2 too (before; an earlier "
-                      "session, its prediction then)", _layers(data["before"]["fsdp2"]["command"]),
+                      "run, its prediction then)", _layers(data["before"]["fsdp2"]["command"]),
                       before)]
     total = env["gpu_total_memory_bytes"]
     deepest = _deepest_fitting(fsdp2, total)
@@ -1088,11 +1112,261 @@ def cpu_train() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# The chapters: what each teaches, its reading time, its measured run time (README)
+
+# One sentence per chapter notebook: what the learner takes away.
+CHAPTER_LESSONS = {
+    "00_setup": "What your machine runs (and why), the course's two modes, and the protein "
+                "data every chapter trains on.",
+    "01_naive_moe": "A Mixture-of-Experts layer from scratch: the router, the per-expert loop "
+                    "that HF's eager experts run, the load-balancing loss, a first training run.",
+    "02_grouped_linear": "Tokens sorted by expert and every expert run as one grouped GEMM "
+                         "(`torch._grouped_mm`, TE `GroupedLinear`), checked equal to the loop.",
+    "03_fp8_numerics": "FP8 and MXFP8 from first principles: the formats, block scales, and the "
+                       "error they add to real activations, weights and gradients.",
+    "04_fp8_training": "Which TE recipe your GPU trains with, the rows per expert it needs, and "
+                       "training under `te.autocast`.",
+    "05_fused_grouped_mlp": "The expert MLP as one `te.ops.Sequential` chain, the routing "
+                            "weights inside its activation, and when TE fuses it.",
+    "06_end_to_end": "The whole model from HF eager to the course's fastest step: time, MFU, "
+                     "memory and loss on protein data.",
+    "07_expert_parallel": "Expert parallelism: tokens exchanged all-to-all between processes, "
+                          "and what each GPU holds under data vs expert parallelism.",
+    "08_your_model": "Your own MoE (Qwen3-MoE, OLMoE, DeepSeek-V3 or your config.json): "
+                     "analysed, converted from transformers, trained.",
+}
+# Reading speeds behind `reading_minutes`: prose at a careful technical pace, code slower, a
+# line read and understood at a time.
+PROSE_WORDS_PER_MINUTE = 200
+CODE_LINES_PER_MINUTE = 10
+COURSE_RUN = "cpu_course_small.json"  # the run the README's chapter table quotes
+_WORD = re.compile(r"[^\W_][\w'’.-]*")
+
+
+def chapter_notebooks() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def reading_minutes(notebook: Path) -> int:
+    """Minutes to read a chapter: its markdown's words at `PROSE_WORDS_PER_MINUTE` plus its code
+    lines (neither blank nor only a comment) at `CODE_LINES_PER_MINUTE`, rounded up to 5
+    minutes (an estimate, and a rounding that small edits do not move)."""
+    words = lines = 0
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            words += len(_WORD.findall(source))
+        elif cell["cell_type"] == "code":
+            lines += sum(1 for line in source.splitlines()
+                         if line.strip() and not line.strip().startswith("#"))
+    minutes = words / PROSE_WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE
+    return 5 * max(1, math.ceil(minutes / 5))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def _hours(minutes: int) -> str:
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest:02d} min" if hours else f"{rest} min"
+
+
+def chapter_times() -> str:
+    """The README's chapter table: what each chapter teaches, its reading time and its run time
+    in the committed headless run, then the totals and where they come from."""
+    run = _load(COURSE_RUN)
+    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    rows, reading = [], 0
+    for notebook in chapter_notebooks():
+        name = notebook.stem
+        if name not in CHAPTER_LESSONS:
+            raise DocsError(f"chapter {name} has no sentence in docs.CHAPTER_LESSONS: add what "
+                            "it teaches there")
+        minutes = reading_minutes(notebook)
+        reading += minutes
+        ran = _duration(seconds[name]) if name in seconds else "not measured yet"
+        rows.append([f"[{name}](notebooks/{notebook.name})", CHAPTER_LESSONS[name],
+                     f"{minutes} min", ran])
+    env = run["environment"]
+    total = sum(seconds.get(n.stem, 0.0) for n in chapter_notebooks())
+    unmeasured = any(n.stem not in seconds for n in chapter_notebooks())
+    rows.append(["**in all**", "each chapter's exercise comes on top", f"**{_hours(reading)}**",
+                 f"**{_duration(total)}**" + (" and the chapters not measured" * unmeasured)])
+    note = f" {run['note']}" if run.get("note") else ""
+    return (_table(["chapter", "you learn", "reading", f"run ({run['mode']} mode)"],
+                   ["---", "---", "---:", "---:"], rows)
+            + f"\n\nReading time is estimated from each chapter's prose and code "
+            f"([how](docs/course.md#run-times)). Each run time was measured by "
+            f"`python -m moe_tutorial run` (what `make course` runs) in {run['mode']} mode on "
+            f"{env['cpu_count']} CPU cores ({env['cpu_model']}, torch {env['torch']}, "
+            f"{env['date'][:10]}): {_link(COURSE_RUN)}{_shared(run, env)}.{note}")
+
+
+def _shared(run: dict, env: dict) -> str:
+    """A note when other work shared the machine during the run: its times are then longer
+    than the machine alone would take."""
+    load = run.get("load_average_15min_at_recording")
+    if load is None or load <= env["cpu_count"]:
+        return ""
+    return (f"; other work shared the machine (load average {load:.1f} on {env['cpu_count']} "
+            f"cores over the run's last 15 minutes), so a machine of its own runs faster")
+
+
+def record_course_run(*run_dirs: str | Path, replace: bool = False, note: str | None = None) -> Path:
+    """Write the run times of a headless course run (`python -m moe_tutorial run --out
+    RUN_DIR`) into `benchmarks/results/`, with this machine's hardware and versions: call it on
+    the machine that ran, right after the run. A course run in parts (`run --notebooks ...`
+    into several folders) is recorded from all of them, each notebook once. Each time is
+    papermill's duration of the executed notebook (kernel start included). `note` says anything
+    a reader of the numbers should know. Returns the file written."""
+    from .timing import environment
+
+    runs, modes = {}, set()
+    for run_dir in map(Path, run_dirs):
+        executed = sorted(run_dir.glob("[0-9][0-9]_*.ipynb"))
+        if not executed:
+            raise DocsError(f"{run_dir}: no executed notebooks (NN_*.ipynb) there; give the --out "
+                            "folder of a `python -m moe_tutorial run`")
+        for path in executed:
+            meta = json.loads(path.read_text(encoding="utf-8"))["metadata"].get("papermill") or {}
+            if meta.get("duration") is None or meta.get("exception"):
+                raise DocsError(f"{path}: this notebook did not run to its end; record runs in "
+                                "which every notebook passed")
+            if path.stem in runs:
+                raise DocsError(f"{path}: {path.stem} is in two of the folders; give each "
+                                "notebook's run once")
+            modes.add(meta.get("parameters", {}).get("MODE"))
+            runs[path.stem] = {"notebook": path.stem, "seconds": round(meta["duration"], 1),
+                               "started": meta["start_time"]}
+    if len(modes) != 1 or None in modes:
+        raise DocsError(f"{', '.join(map(str, run_dirs))}: the notebooks ran in modes "
+                        f"{sorted(map(str, modes))}; record runs of one mode")
+    mode = modes.pop()
+    env = environment()
+    env.update(cpu_count=os.cpu_count(), cpu_model=_cpu_model())
+    machine = "cpu" if env["gpu"] is None else env["gpu"].split()[-1].lower()
+    out = RESULTS / f"{machine}_course_{mode}.json"
+    if out.exists() and not replace:
+        raise DocsError(f"{out} exists; pass --replace to write this run over it")
+    ordered = [runs[name] for name in sorted(runs)]
+    record = {
+        "what": f"python -m moe_tutorial run --mode {mode}: each notebook's run time, "
+                "papermill's duration of the executed notebook (kernel start included)",
+        "mode": mode, "environment": env, "commit": _commit(),
+        "load_average_15min_at_recording": round(os.getloadavg()[2], 2),
+        **({"note": note} if note else {}),
+        "runs": ordered, "total_s": round(sum(r["seconds"] for r in ordered), 1)}
+    out.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return out
+
+
+def _cpu_model() -> str | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found[1].strip() if found else None
+
+
+def _commit() -> str | None:
+    """The checkout's commit, '+ changes' when its tracked files differ from it."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's headline chart: the training-step ladder on one H200 (docs/train-step-ladder.svg)
+
+_SVG_FONT = "font-family=\"Helvetica, Arial, sans-serif\""
+
+
+def train_step_chart() -> str:
+    """An SVG bar chart of every training-step variant in `h200.json`, slowest first: ms per
+    step, the speedup over HF eager, and each step's speed-of-light floor (its precision's)."""
+    from .bench import VARIANTS, row_precision, step_floor_ms
+
+    report = _load("h200.json")
+    env = report["environment"]
+    rows = sorted((r for r in _train_rows(report).values() if r.get("status") == "ok"),
+                  key=lambda r: -r["median_ms"])
+    eager = _train_rows(report)["hf_eager"]["median_ms"]
+    best = report["summary"]["train_step_best_variant"]
+    label_w, bar_w, row_h, top, left = 400, 330, 26, 80, 12
+    width, height = left + label_w + bar_w + 120, top + row_h * len(rows) + 80
+    scale = bar_w / max(r["median_ms"] for r in rows)
+    config, first = _train_config(report)
+    dates = sorted({part["date"][:10] for part in report.get("parts") or [env]})
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" {_SVG_FONT} font-size="13">',
+           f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+           f'<text x="{left}" y="24" font-size="16" font-weight="bold">'
+           + escape(f"One training step of mixtral-2l ({config.num_layers} layers at Mixtral-8x7B "
+                    f"widths, batch {first['batch']} × {first['seq_len']}): ms per step, shorter "
+                    f"is faster") + "</text>",
+           f'<text x="{left}" y="44" fill="#444444">'
+           + escape(f"One {env['gpu']}, CUDA {env['cuda']}, torch {env['torch']}, Transformer "
+                    f"Engine {env['transformer_engine']}, transformers {env['transformers']}")
+           + "</text>",
+           f'<text x="{left}" y="62" fill="#444444">'
+           + escape(f"Medians of the timed steps, run on {' and '.join(dates)}: "
+                    "benchmarks/results/h200.json") + "</text>"]
+    for i, r in enumerate(rows):
+        y = top + i * row_h
+        variant = VARIANTS.get(r["variant"])
+        hf = variant is not None and variant.hf
+        fp8 = row_precision(r) == "fp8"
+        color = "#9e9e9e" if hf else ("#3f7d00" if fp8 else "#76b900")
+        weight = ' font-weight="bold"' if r["variant"] == best else ""
+        label = _train_label(r["variant"]).replace("`", "") + (", FP8" if fp8 else ", bf16")
+        length = r["median_ms"] * scale
+        out.append(f'<text x="{left + label_w - 8}" y="{y + 17}" text-anchor="end"{weight}>'
+                   f"{escape(label)}</text>")
+        out.append(f'<rect x="{left + label_w}" y="{y + 4}" width="{length:.1f}" '
+                   f'height="{row_h - 8}" fill="{color}"/>')
+        floor_ms = step_floor_ms(r, report["speed_of_light"])
+        if floor_ms is not None:
+            x = left + label_w + floor_ms * scale
+            out.append(f'<line x1="{x:.1f}" y1="{y + 1}" x2="{x:.1f}" y2="{y + row_h - 1}" '
+                       f'stroke="#000000" stroke-width="2" stroke-dasharray="3,2"/>')
+        out.append(f'<text x="{left + label_w + length + 6:.1f}" y="{y + 17}"{weight}>'
+                   f"{r['median_ms']:.1f} ms ({eager / r['median_ms']:.2f}×)</text>")
+    y = top + row_h * len(rows) + 22
+    legend = [("#9e9e9e", "HF transformers"), ("#76b900", "the course's model, bf16"),
+              ("#3f7d00", "the course's model, FP8")]
+    x = left
+    for color, text in legend:
+        out.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{x + 18}" y="{y}">{escape(text)}</text>')
+        x += 18 + 7 * len(text) + 24
+    y += 22
+    out.append(f'<line x1="{left + 6}" y1="{y - 12}" x2="{left + 6}" y2="{y + 2}" '
+               f'stroke="#000000" stroke-width="2" stroke-dasharray="3,2"/>')
+    out.append(f'<text x="{left + 18}" y="{y}">'
+               + escape("the step's speed-of-light floor: its work at this GPU's measured rates, "
+                        "in the step's precision") + "</text>")
+    out.append(f'<text x="{left}" y="{y + 22}" fill="#444444">'
+               + escape("(×): speedup over HF eager; bold: the course's fastest step") + "</text>")
+    return "\n".join(out + ["</svg>"]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
 # The regions, rendering and checking
 
 def regions() -> dict[str, Callable[[], str]]:
-    """Region name -> its renderer, in README order."""
+    """Region name -> its renderer."""
     return {
+        "chapter-times": chapter_times,
         "cpu-train": cpu_train,
         "h200-environment": h200_environment,
         "h200-expert-layer": h200_expert_layer,
@@ -1120,48 +1394,108 @@ def _block(name: str, body: str) -> str:
             f"<!-- END generated: {name} -->")
 
 
-def render(text: str) -> str:
-    """`text` with every generated region rewritten from the results. Refuses a text whose
-    markers do not pair up with the registry: a region lost in an edit would otherwise stop
-    being checked without anyone noticing."""
+_REPO_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)")  # a link to a path in the repository
+
+
+def _relative_links(body: str, document: str) -> str:
+    """The region's links, written from the repository's root, as seen from `document`."""
+    up = "../" * document.count("/")
+    return _REPO_LINK.sub("](" + up, body) if up else body
+
+
+def render(text: str, document: str = "README.md", names: set[str] | None = None) -> str:
+    """`text`, the document at `document` (relative to the repository), with every generated
+    region rewritten from the results. Refuses a text whose markers do not pair up or name a
+    region twice or one no renderer knows; with `names`, also one that lacks any of them."""
     renderers = regions()
-    names = [m[1] for m in _REGION.finditer(text)]
+    found = [m[1] for m in _REGION.finditer(text)]
     markers = [m.groups() for m in _MARKER.finditer(text)]
     problems = []
-    if len(markers) != 2 * len(names):
+    if len(markers) != 2 * len(found):
         problems.append("a BEGIN or END marker without its partner (or a malformed one)")
-    problems += [f"region {n!r} appears {names.count(n)} times" for n in sorted(set(names))
-                 if names.count(n) > 1]
-    problems += [f"region {n!r} is missing" for n in renderers if n not in names]
-    problems += [f"unknown region {n!r}" for n in names if n not in renderers]
+    problems += [f"region {n!r} appears {found.count(n)} times" for n in sorted(set(found))
+                 if found.count(n) > 1]
+    problems += [f"region {n!r} is missing" for n in sorted(names or ()) if n not in found]
+    problems += [f"unknown region {n!r}" for n in found if n not in renderers]
     if problems:
-        raise ValueError("README regions: " + "; ".join(problems))
-    return _REGION.sub(lambda m: _block(m["name"], renderers[m["name"]]()), text)
+        raise DocsError("; ".join(problems))
+    return _REGION.sub(lambda m: _block(
+        m["name"], _relative_links(renderers[m["name"]](), document)), text)
 
 
-def check(path: str | Path = README, max_lines: int = 12) -> list[str]:
-    """One short unified diff per region whose text differs from what the results say; empty
-    when the README agrees with them."""
-    text = Path(path).read_text()
-    current = {m["name"]: m["body"] for m in _REGION.finditer(text)}
-    wanted = {m["name"]: m["body"] for m in _REGION.finditer(render(text))}
+def _read(root: Path, document: str) -> str:
+    path = root / document
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DocsError(f"{path}: no such file; run `python -m moe_tutorial docs` in a checkout "
+                        "of the repository, or give --root the folder that holds README.md and "
+                        "docs/") from None
+
+
+def _placement(texts: dict[str, str]) -> dict[str, set[str]]:
+    """document -> the regions it holds; an error for a region in no document or in two."""
+    where = {doc: {m["name"] for m in _REGION.finditer(text)} for doc, text in texts.items()}
     problems = []
-    for name, body in wanted.items():
-        if current[name] != body:
-            diff = list(difflib.unified_diff(current[name].splitlines(), body.splitlines(),
-                                             f"README: {name}", f"from {RESULTS_LINK}: {name}",
-                                             n=0, lineterm=""))
-            more = [f"... ({len(diff) - max_lines} more diff lines)"] if len(diff) > max_lines else []
-            problems.append(f"region {name!r} differs from the results:\n"
-                            + "\n".join(diff[:max_lines] + more))
+    for name in regions():
+        holders = [doc for doc, names in where.items() if name in names]
+        if len(holders) != 1:
+            problems.append(f"region {name!r} is in " + (" and ".join(holders) if holders
+                                                        else "no document"))
+    if problems:
+        raise DocsError("; ".join(problems) + f" (each region belongs in exactly one of "
+                        f"{', '.join(DOCUMENTS)})")
+    return where
+
+
+def _rendered(root: Path) -> dict[str, tuple[str, str]]:
+    """document or chart -> (its text now, its text from the results)."""
+    texts = {doc: _read(root, doc) for doc in DOCUMENTS}
+    where = _placement(texts)
+    out = {}
+    for doc, text in texts.items():
+        try:
+            out[doc] = (text, render(text, doc, where[doc]))
+        except DocsError as exc:
+            raise DocsError(f"{root / doc}: {exc}") from None
+    chart = root / CHART
+    out[CHART] = (chart.read_text(encoding="utf-8") if chart.exists() else "",
+                  train_step_chart())
+    return out
+
+
+def check(root: str | Path = ROOT, max_lines: int = 12) -> list[str]:
+    """One short unified diff per region (or chart) whose text differs from what the results
+    say; empty when the documents agree with them."""
+    problems = []
+    for doc, (current, wanted) in _rendered(Path(root)).items():
+        if doc == CHART:
+            if current != wanted:
+                problems.append(f"{doc} " + ("is missing" if not current else
+                                            "differs from what h200.json draws"))
+            continue
+        now = {m["name"]: m["body"] for m in _REGION.finditer(current)}
+        for m in _REGION.finditer(wanted):
+            name, body = m["name"], m["body"]
+            if now[name] != body:
+                diff = list(difflib.unified_diff(now[name].splitlines(), body.splitlines(),
+                                                 f"{doc}: {name}", f"from {RESULTS_LINK}: {name}",
+                                                 n=0, lineterm=""))
+                more = ([f"... ({len(diff) - max_lines} more diff lines)"]
+                        if len(diff) > max_lines else [])
+                problems.append(f"{doc}: region {name!r} differs from the results:\n"
+                                + "\n".join(diff[:max_lines] + more))
     return problems
 
 
-def write(path: str | Path = README) -> bool:
-    """Rewrite the regions of `path` in place; True if anything changed."""
-    path = Path(path)
-    text = path.read_text()
-    new = render(text)
-    if new != text:
-        path.write_text(new)
-    return new != text
+def write(root: str | Path = ROOT) -> list[str]:
+    """Rewrite the regions and the chart under `root` from the results; the documents that
+    changed."""
+    root = Path(root)
+    changed = []
+    for doc, (current, wanted) in _rendered(root).items():
+        if current != wanted:
+            (root / doc).parent.mkdir(parents=True, exist_ok=True)
+            (root / doc).write_text(wanted, encoding="utf-8")
+            changed.append(doc)
+    return changed

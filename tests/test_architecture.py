@@ -1,5 +1,6 @@
 """The package's import graph, read from the source (every import, inside functions too): a DAG
-whose arrows point down the declared layers, and a README module table that names every module."""
+whose arrows point down the declared layers, and a package map (docs/package.md) that names
+every module."""
 
 import ast
 from pathlib import Path
@@ -94,9 +95,8 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_the_readme_module_table_names_every_module():
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("## The package"):]
+def test_the_package_map_names_every_module():
+    table = (ROOT / "docs" / "package.md").read_text()
     spelled = {m: f"`{m}/`" if (PACKAGE / m).is_dir() else f"`{m}.py`" for m in GRAPH}
     missing = [m for m in GRAPH if not m.startswith("__") and spelled[m] not in table]
-    assert not missing, f"the README's module table lacks {missing}"
+    assert not missing, f"the package map, docs/package.md, lacks {missing}"

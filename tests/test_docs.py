@@ -1,52 +1,113 @@
-"""The README's measured numbers agree with benchmarks/results/ (moe_tutorial.docs)."""
+"""The documents' measured numbers and the README's chart agree with benchmarks/results/
+(moe_tutorial.docs), and the README is a front door: short, and its first screen says what a
+newcomer needs."""
 
 import copy
+import json
 import re
+import shutil
 
 import pytest
 
 from moe_tutorial import docs
 from moe_tutorial.__main__ import main
 
+BENCHMARKS = "docs/benchmarks.md"
+
 
 def _region(text: str, name: str) -> re.Match:
     return next(m for m in docs._REGION.finditer(text) if m["name"] == name)
 
 
-def test_the_committed_readme_agrees_with_the_results(capsys):
+def test_the_committed_documents_agree_with_the_results(capsys):
     assert main(["docs", "--check"]) == 0, capsys.readouterr().err
 
 
 @pytest.fixture
-def edited_readme(tmp_path):
-    """A copy of the README with one number of the training-step table changed by hand."""
-    text = docs.README.read_text()
+def copy_root(tmp_path):
+    """A copy of the README, docs/ and the chart, to edit."""
+    shutil.copy(docs.ROOT / "README.md", tmp_path / "README.md")
+    shutil.copytree(docs.ROOT / "docs", tmp_path / "docs")
+    return tmp_path
+
+
+@pytest.fixture
+def edited_number(copy_root):
+    """The copy with one number of the training-step table changed by hand."""
+    path = copy_root / BENCHMARKS
+    text = path.read_text()
     region = _region(text, "h200-train-step")
     number = re.search(r"\| (\d+\.\d) \|", region["body"])
     start = region.start("body") + number.start(1)
-    edited = text[:start] + f"{float(number[1]) + 1:.1f}" + text[start + len(number[1]):]
-    path = tmp_path / "README.md"
-    path.write_text(edited)
-    return path
+    path.write_text(text[:start] + f"{float(number[1]) + 1:.1f}" + text[start + len(number[1]):])
+    return copy_root
 
 
-def test_a_hand_edited_number_fails_the_check_and_names_its_region(edited_readme, capsys):
-    assert main(["docs", "--check", "--readme", str(edited_readme)]) == 1
+def test_a_hand_edited_number_fails_the_check_and_names_its_document_and_region(edited_number,
+                                                                                  capsys):
+    assert main(["docs", "--check", "--root", str(edited_number)]) == 1
     err = capsys.readouterr().err
-    assert "region 'h200-train-step' differs" in err
+    assert f"{BENCHMARKS}: region 'h200-train-step' differs" in err
     assert err.count("differs from the results") == 1  # only the edited region
 
 
-def test_docs_restores_the_edited_region(edited_readme):
-    assert main(["docs", "--readme", str(edited_readme)]) == 0
-    assert edited_readme.read_text() == docs.README.read_text()
+def test_docs_restores_the_edited_region(edited_number):
+    assert main(["docs", "--root", str(edited_number)]) == 0
+    assert (edited_number / BENCHMARKS).read_text() == (docs.ROOT / BENCHMARKS).read_text()
 
 
-def test_a_lost_region_is_an_error_not_a_silent_pass(tmp_path):
-    text = docs.README.read_text()
+def test_a_hand_edited_chart_fails_the_check_and_docs_redraws_it(copy_root, capsys):
+    chart = copy_root / docs.CHART
+    chart.write_text(chart.read_text().replace("76.6 ms", "66.6 ms"))
+    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert f"{docs.CHART} differs from what h200.json draws" in capsys.readouterr().err
+    assert main(["docs", "--root", str(copy_root)]) == 0
+    assert chart.read_text() == (docs.ROOT / docs.CHART).read_text()
+
+
+def test_the_chart_is_drawn_from_the_file_with_its_gpu_and_versions():
+    report = docs._load("h200.json")
+    env, chart = report["environment"], docs.train_step_chart()
+    for version in (env["gpu"], env["torch"], env["transformer_engine"], env["cuda"]):
+        assert version in chart
+    steps = [r for r in report["results"] if r["part"] == "train" and r["status"] == "ok"]
+    assert chart.count("<rect") == len(steps) + 1 + 3  # background, one bar each, legend
+    for row in steps:
+        assert f"{row['median_ms']:.1f} ms" in chart
+    best = docs._train_rows(report)[report["summary"]["train_step_best_variant"]]
+    assert f'font-weight="bold">{best["median_ms"]:.1f} ms' in chart
+
+
+def test_a_missing_document_is_one_line_naming_the_fix(tmp_path, capsys):
+    assert main(["docs", "--check", "--root", str(tmp_path / "missing")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "README.md: no such file" in err and "--root" in err
+
+
+def test_a_lost_region_is_an_error_not_a_silent_pass(copy_root, capsys):
+    path = copy_root / BENCHMARKS
+    text = path.read_text()
     region = _region(text, "h200-targets")
-    with pytest.raises(ValueError, match="'h200-targets' is missing"):
-        docs.render(text[:region.start()] + text[region.end():])
+    path.write_text(text[:region.start()] + text[region.end():])
+    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    err = capsys.readouterr().err
+    assert "region 'h200-targets' is in no document" in err and err.count("\n") == 1
+
+
+def test_a_region_in_two_documents_is_an_error(copy_root, capsys):
+    readme = copy_root / "README.md"
+    body = _region((copy_root / BENCHMARKS).read_text(), "cpu-train")[0]
+    readme.write_text(readme.read_text() + "\n" + body + "\n")
+    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert (f"region 'cpu-train' is in README.md and {BENCHMARKS}"
+            in capsys.readouterr().err)
+
+
+def test_links_are_written_from_the_document_that_holds_the_region():
+    body = "see [`h200.json`](benchmarks/results/h200.json), [a](#anchor), [b](https://x.org)"
+    assert docs._relative_links(body, "README.md") == body
+    assert docs._relative_links(body, BENCHMARKS) == body.replace("(benchmarks/", "(../benchmarks/")
 
 
 def test_mfu_of_fp8_rows_uses_the_fp8_peak_when_the_run_recorded_one():
@@ -65,3 +126,136 @@ def test_mfu_of_fp8_rows_uses_the_fp8_peak_when_the_run_recorded_one():
         bf16 = (f"{100 * row['tflops'] / old['dense_bf16_tflops_measured']:.1f}% / "
                 f"{100 * row['tflops'] / old['datasheet_bf16_tflops']:.1f}%")
         assert f"| {own} | {bf16} |" in table
+
+
+# ---------------------------------------------------------------------------------------------
+# The chapter table: reading time estimated, run time measured
+
+def _notebook(path, markdown: str = "", code: str = ""):
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": [markdown]},
+             {"cell_type": "code", "metadata": {}, "source": [code], "outputs": [],
+              "execution_count": None}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
+@pytest.mark.parametrize("words, code_lines, minutes", [
+    (0, 0, 5),            # a minimum of 5
+    (1000, 0, 5),         # 1000 words at 200 a minute
+    (1001, 0, 10),        # rounded up
+    (1000, 100, 15),      # + 100 lines at 10 a minute
+])
+def test_reading_minutes_counts_prose_and_code(tmp_path, words, code_lines, minutes):
+    code = "\n".join(["x = 1", "", "# a comment, not counted", "   "] * code_lines)
+    path = _notebook(tmp_path / "01_x.ipynb", " ".join(["word"] * words), code)
+    assert docs.reading_minutes(path) == minutes
+
+
+def test_the_chapter_table_lists_every_chapter_with_its_measured_run_time():
+    run = docs._load(docs.COURSE_RUN)
+    table = docs.chapter_times()
+    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    for notebook in docs.chapter_notebooks():
+        row = next(line for line in table.splitlines() if f"[{notebook.stem}]" in line)
+        assert docs.CHAPTER_LESSONS[notebook.stem] in row
+        assert row.endswith(f"| {docs.reading_minutes(notebook)} min | "
+                            f"{docs._duration(seconds[notebook.stem])} |")
+    total = sum(seconds[n.stem] for n in docs.chapter_notebooks())
+    assert f"| **{docs._duration(total)}** |" in table
+    assert run["environment"]["torch"] in table
+
+
+def _executed(folder, name, mode="small", duration=12.3, exception=None):
+    path = _notebook(folder / f"{name}.ipynb", "text", "x = 1")
+    nb = json.loads(path.read_text())
+    nb["metadata"]["papermill"] = {"duration": duration, "exception": exception,
+                                   "parameters": {"MODE": mode, "LIVE": False},
+                                   "start_time": "2026-12-05T09:14:07+00:00"}
+    path.write_text(json.dumps(nb))
+
+
+@pytest.fixture
+def results_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    monkeypatch.setattr(docs, "RESULTS", folder)
+    return folder
+
+
+def test_record_run_writes_each_notebooks_time_with_the_machine(tmp_path, results_dir, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _executed(run, "00_setup", duration=12.34)
+    _executed(run, "01_naive_moe", duration=60.0)
+    (run / "report.html").write_text("not a notebook")
+    assert main(["docs", "--record-run", str(run)]) == 0
+    out = results_dir / "cpu_course_small.json"
+    assert f"wrote {out}" in capsys.readouterr().out
+    record = json.loads(out.read_text())
+    assert [(r["notebook"], r["seconds"]) for r in record["runs"]] == [("00_setup", 12.3),
+                                                                     ("01_naive_moe", 60.0)]
+    assert record["mode"] == "small" and record["total_s"] == 72.3
+    for key in ("torch", "python", "cpu_count", "cpu_model", "date"):
+        assert key in record["environment"]
+    # An earlier record stays unless --replace says otherwise
+    assert main(["docs", "--record-run", str(run)]) == 1
+    assert "exists; pass --replace" in capsys.readouterr().err
+    assert main(["docs", "--record-run", str(run), "--replace"]) == 0
+
+
+def test_record_run_joins_a_run_in_parts(tmp_path, results_dir):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    _executed(first, "00_setup", duration=10.0)
+    _executed(second, "01_naive_moe", duration=20.0)
+    assert main(["docs", "--record-run", str(second), str(first), "--note", "in two parts"]) == 0
+    record = json.loads((results_dir / "cpu_course_small.json").read_text())
+    assert [r["notebook"] for r in record["runs"]] == ["00_setup", "01_naive_moe"]
+    assert record["total_s"] == 30.0 and record["note"] == "in two parts"
+
+
+@pytest.mark.parametrize("problem, message", [
+    ("failed", "did not run to its end"),
+    ("modes", "ran in modes"),
+    ("empty", "no executed notebooks"),
+    ("twice", "is in two of the folders"),
+])
+def test_record_run_refuses_a_run_it_cannot_vouch_for(tmp_path, results_dir, capsys, problem,
+                                                      message):
+    run, other = tmp_path / "run", tmp_path / "other"
+    run.mkdir(), other.mkdir()
+    if problem != "empty":
+        _executed(run, "00_setup")
+        _executed(run, "01_naive_moe", mode="full" if problem == "modes" else "small",
+                  exception=True if problem == "failed" else None)
+    _executed(other, "00_setup" if problem == "twice" else "02_grouped_linear")
+    assert main(["docs", "--record-run", str(run), str(other)]) == 1
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not list(results_dir.iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# The README as a front door
+
+def test_the_readme_fits_in_12_kb():
+    assert len((docs.ROOT / "README.md").read_bytes()) <= 12 * 1024
+
+
+def test_the_readmes_first_40_lines_say_what_a_newcomer_needs():
+    first = "\n".join((docs.ROOT / "README.md").read_text().splitlines()[:40])
+    for needed in ("make lab", "00_setup", "make course", "make test",  # how to start
+                   "Know first", "**For**",  # for whom, and what to know first
+                   "| CPU |", "| Hopper", "| Blackwell",  # what each kind of hardware gets
+                   "reading", "**in all**"):  # how long it takes
+        assert needed in first, needed
+    for notebook in docs.chapter_notebooks():  # what each chapter teaches, and its times
+        assert f"[{notebook.stem}]" in first, notebook.stem
+
+
+def test_the_readmes_links_lead_to_files():
+    text = (docs.ROOT / "README.md").read_text()
+    for target in re.findall(r"\]\(([^)#:]+)\)", text):
+        if target != "docs/gpu.md":  # the GPU page is written alongside, not generated here
+            assert (docs.ROOT / target).exists(), target

@@ -49,7 +49,9 @@ def test_ci_runs_the_readme_test_command():
     assert "pip install" not in ci  # everything is set up by the README's commands themselves
     assert "make test" in ci and "make course" in ci
     assert "make test" in readme and "make course" in readme
-    assert readme.index("make course") < readme.index("## ")  # the two commands come first
+    start = readme.index("## Start")  # the commands come first, right after the introduction
+    assert start == readme.index("## ")
+    assert readme.index("make course", start) < readme.index("## ", start + 1)
 
 
 def test_shipped_data_is_packaged_with_its_notice():

@@ -62,9 +62,10 @@ SOURCE_KEY = "_source"  # a shipped config's note on where its fields come from 
 COMPUTE_DTYPE = "bfloat16"  # what the course trains in on a GPU
 TOKENS_PER_GPU = (1024, 4096, 16384)
 DEFAULT_SEQ_LEN = 4096
-GPU_GIB = 140.0  # an H200's memory, the GPU size of the README's memory table
+GPU_GIB = 140.0  # an H200's memory, the GPU size of docs/benchmarks.md's memory table
 ENGINES = ("replicated", "fsdp2")  # memory.ENGINES of several GPUs
-FSDP2_STATE_DTYPE = "float32"  # FSDP2's shards in fp32 with bf16 compute, as the README's table
+# FSDP2's shards in fp32 with bf16 compute, as the memory table of docs/benchmarks.md
+FSDP2_STATE_DTYPE = "float32"
 FUSED_RECIPE = "MXFP8BlockScaling"  # the fused grouped MLP's recipe on a Blackwell GPU
 MAX_GPUS = 4096  # how far `fewest_gpus` looks
 

@@ -1,6 +1,6 @@
 """What this machine can run: every course feature as native, fallback (to what), or unavailable.
 
-The course runs on three kinds of machine (see the README's hardware matrix):
+The course runs on three kinds of machine (see docs/hardware.md):
 
 * CPU only: everything runs, the GPU features through pure-PyTorch counterparts;
 * Hopper (H100/H200, sm_90): grouped GEMMs, TE FP8 (current/delayed/block scaling), te.ops unfused;

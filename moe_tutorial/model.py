@@ -254,9 +254,9 @@ class Rotary:
 
 
 # Attention kernels in order of preference: cuDNN's fused attention first (faster than
-# FlashAttention-2, torch's default, for mixtral-2l's layers on the H200: see the README's step
-# history and benchmarks/results/h200_cudnn_attention_rope.json); torch falls through to the next
-# backend where one cannot take the inputs (the CPU runs the math backend).
+# FlashAttention-2, torch's default, for mixtral-2l's layers on the H200: see the step history
+# in docs/benchmarks.md and benchmarks/results/h200_cudnn_attention_rope.json); torch falls
+# through to the next backend where one cannot take the inputs (the CPU runs the math backend).
 ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                       SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 

@@ -27,7 +27,7 @@ Every `check_<name>(learner_fn)`:
 function passed its check (one redefined since is untested), else `reference`, which holds the
 package's implementation of every exercise with the exercise's signature. `torch_ops` holds
 the three `te.ops` the grouped MLP is built from, in plain PyTorch (`experts.torch_ops`, for
-machines without Transformer Engine), and `summary()` prints what every check in this session
+machines without Transformer Engine), and `summary()` prints what every check in this Python process
 reported.
 
 `harness` runs the checks; every exercise has a module of its own, named after its notebook

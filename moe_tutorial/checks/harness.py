@@ -14,7 +14,7 @@ import torch
 from .. import routing
 
 PASSED, FAILED, NOT_IMPLEMENTED, CHECK_ERROR = "passed", "failed", "not implemented yet", "check error"
-RESULTS: dict[str, str] = {}  # check name -> its latest outcome in this session
+RESULTS: dict[str, str] = {}  # check name -> its latest outcome in this Python process
 # check name -> the function that passed it (its latest run): `pick` hands a later cell the
 # learner's function only if it is this very object, not one redefined since its check ran
 PASSED_FUNCTIONS: dict[str, Callable] = {}
@@ -182,7 +182,7 @@ def _describe(fn) -> str:
 
 
 def summary() -> None:
-    """One line per check run in this session, and the tally."""
+    """One line per check run in this Python process, and the tally."""
     if not RESULTS:
         print("no checks have run yet")
         return

@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="replace an existing --json file (else it is refused)")
     an.set_defaults(run=_analyze)
     dc = sub.add_parser("docs", help="rewrite the generated regions of README.md and "
-                                     "docs/benchmarks.md and the README's chart from "
+                                     "docs/*.md and the README's chart from "
                                      "benchmarks/results/ (--check: fail where they disagree)")
     dc.add_argument("--check", action="store_true",
                     help="change nothing; exit 1 with a diff per region that disagrees")

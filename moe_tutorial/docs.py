@@ -1,6 +1,7 @@
 """The measured numbers the documents state, rendered from the files under `benchmarks/results/`.
 
-Every measured number in `README.md` and `docs/benchmarks.md` sits between two markers,
+Every measured number in `README.md` and the pages under `docs/` (today the README's chapter table
+and `docs/benchmarks.md`) sits between two markers,
 
     <!-- BEGIN generated: NAME (python -m moe_tutorial docs) -->
     ...
@@ -42,8 +43,9 @@ README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOKS = ROOT / "notebooks"
 RESULTS_LINK = "benchmarks/results"  # a result file's link, from the repository's root
-# The documents with generated regions and the generated chart, relative to the repository
-DOCUMENTS = ("README.md", "docs/benchmarks.md")
+# The documents that may hold generated regions: the README and every page under docs/ (paths
+# relative to the repository); and the generated chart
+README_NAME, DOCS_DIR = "README.md", "docs"
 CHART = "docs/train-step-ladder.svg"
 
 _REGION = re.compile(
@@ -1433,6 +1435,12 @@ def _read(root: Path, document: str) -> str:
                         "docs/") from None
 
 
+def documents(root: Path = ROOT) -> list[str]:
+    """The README and the markdown pages under docs/, relative to `root`."""
+    return [README_NAME] + [f"{DOCS_DIR}/{page.name}"
+                            for page in sorted((root / DOCS_DIR).glob("*.md"))]
+
+
 def _placement(texts: dict[str, str]) -> dict[str, set[str]]:
     """document -> the regions it holds; an error for a region in no document or in two."""
     where = {doc: {m["name"] for m in _REGION.finditer(text)} for doc, text in texts.items()}
@@ -1443,14 +1451,14 @@ def _placement(texts: dict[str, str]) -> dict[str, set[str]]:
             problems.append(f"region {name!r} is in " + (" and ".join(holders) if holders
                                                         else "no document"))
     if problems:
-        raise DocsError("; ".join(problems) + f" (each region belongs in exactly one of "
-                        f"{', '.join(DOCUMENTS)})")
+        raise DocsError("; ".join(problems) + " (each region belongs in exactly one of "
+                        f"{README_NAME} and {DOCS_DIR}/*.md)")
     return where
 
 
 def _rendered(root: Path) -> dict[str, tuple[str, str]]:
     """document or chart -> (its text now, its text from the results)."""
-    texts = {doc: _read(root, doc) for doc in DOCUMENTS}
+    texts = {doc: _read(root, doc) for doc in documents(root)}
     where = _placement(texts)
     out = {}
     for doc, text in texts.items():

@@ -104,6 +104,18 @@ def test_a_region_in_two_documents_is_an_error(copy_root, capsys):
             in capsys.readouterr().err)
 
 
+def test_a_region_may_live_in_any_page_under_docs(copy_root, capsys):
+    bench, other = copy_root / BENCHMARKS, copy_root / "docs" / "elsewhere.md"
+    text = bench.read_text()
+    region = _region(text, "cpu-train")
+    bench.write_text(text[:region.start()] + text[region.end():])
+    other.write_text("# Elsewhere\n\n" + region[0] + "\n")
+    assert main(["docs", "--check", "--root", str(copy_root)]) == 0, capsys.readouterr().err
+    other.write_text(other.read_text().replace("| 40 |", "| 41 |"))
+    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert "docs/elsewhere.md: region 'cpu-train' differs" in capsys.readouterr().err
+
+
 def test_links_are_written_from_the_document_that_holds_the_region():
     body = "see [`h200.json`](benchmarks/results/h200.json), [a](#anchor), [b](https://x.org)"
     assert docs._relative_links(body, "README.md") == body

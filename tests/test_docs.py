@@ -266,8 +266,19 @@ def test_the_readmes_first_40_lines_say_what_a_newcomer_needs():
         assert f"[{notebook.stem}]" in first, notebook.stem
 
 
-def test_the_readmes_links_lead_to_files():
-    text = (docs.ROOT / "README.md").read_text()
-    for target in re.findall(r"\]\(([^)#:]+)\)", text):
-        if target != "docs/gpu.md":  # the GPU page is written alongside, not generated here
-            assert (docs.ROOT / target).exists(), target
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", docs.documents(), ids=str)
+def test_links_between_the_pages_lead_to_files_and_headings(page):
+    path = docs.ROOT / page
+    for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]+))?\)", path.read_text()):
+        if target == "docs/gpu.md" or (target == "gpu.md" and page.startswith("docs/")):
+            continue  # the GPU page is written alongside, not by this generator
+        linked = (path.parent / target).resolve() if target else path
+        assert linked.exists(), f"{page} links {target}"
+        if anchor and linked.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{page} links {target}#{anchor}"

@@ -39,7 +39,6 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOKS = ROOT / "notebooks"
 RESULTS_LINK = "benchmarks/results"  # a result file's link, from the repository's root

@@ -381,6 +381,13 @@ def _docs(args: argparse.Namespace) -> int:
     from . import docs
 
     root = Path(args.root) if args.root else docs.ROOT
+    if args.record_run and (args.check or args.root):
+        print("docs: --record-run writes a result file and renders nothing; run it without "
+              "--check and --root, then `python -m moe_tutorial docs`", file=sys.stderr)
+        return 2
+    if not args.record_run and (args.replace or args.note):
+        print("docs: --replace and --note go with --record-run RUN_DIR", file=sys.stderr)
+        return 2
     try:
         if args.record_run:
             out = docs.record_course_run(*args.record_run, replace=args.replace, note=args.note)

@@ -227,6 +227,14 @@ def test_record_run_joins_a_run_in_parts(tmp_path, results_dir):
     assert record["total_s"] == 30.0 and record["note"] == "in two parts"
 
 
+@pytest.mark.parametrize("argv", [["--replace"], ["--note", "n"], ["--check", "--record-run", "x"],
+                                  ["--root", "x", "--record-run", "x"]])
+def test_record_runs_options_outside_it_are_refused(argv, capsys):
+    assert main(["docs", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("docs: ") and err.count("\n") == 1
+
+
 @pytest.mark.parametrize("problem, message", [
     ("failed", "did not run to its end"),
     ("modes", "ran in modes"),

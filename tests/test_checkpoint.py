@@ -85,9 +85,11 @@ def _model():
 def test_saves_atomically_and_keeps_the_newest(tmp_path, data):
     train(_model(), data.train, SETTINGS, progress=False,
           checkpoint=Checkpointing(tmp_path, every=2, keep=2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004.pt", "step_00000006.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000004.pt", "step_00000004.pt.sha256", "step_00000006.pt",
+        "step_00000006.pt.sha256"]  # no lock file or temporary file left behind
     # a run killed while writing leaves a temporary file behind: never taken for a checkpoint
-    (tmp_path / "step_00000008.pt.tmp").write_bytes(b"half a file")
+    (tmp_path / ".step_00000008.pt.123.abcd.tmp").write_bytes(b"half a file")
     assert checkpoint.saved_steps(tmp_path) == [4, 6]
 
 
@@ -108,8 +110,8 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, data):
               resume=True)
     newest = tmp_path / "step_00000006.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, e.g. a disk that filled up
-    with pytest.raises(CheckpointError, match=r"step_00000006.pt is not a readable checkpoint.*"
-                                              r"Delete it to resume from .*step_00000003.pt"):
+    with pytest.raises(CheckpointError, match=r"step_00000006.pt is damaged \(its contents do not "
+                                              r"match.*newest intact one is .*step_00000003.pt"):
         train(_model(), data.train, SETTINGS, progress=False,
               checkpoint=Checkpointing(tmp_path), resume=True)
 

@@ -79,7 +79,7 @@ def check_target(path: str | Path, *, replace: bool, flag: str | None = None,
                               f"{folder.name}/ folder, which is never written through a link; "
                               f"remove the link (`rm {path}`) or choose another file name")
     if path.is_dir():
-        raise UnsafeWrite(f"{name} is a folder; give a file name in it, e.g. "
+        raise UnsafeWrite(f"{name} is a directory; give a file name in it, e.g. "
                           f"{path / 'results.json'}")
     if (path.exists() or path.is_symlink()) and not replace:
         raise UnsafeWrite(f"{name} already exists (an earlier result?); {hint}, or choose "

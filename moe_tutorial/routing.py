@@ -268,11 +268,10 @@ def sort_by_expert(indices: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
 
 
 def check_compute_dtype(what: str, x: torch.Tensor, weight_dtype: torch.dtype) -> None:
-    """Refuse input of another floating-point dtype than the weights it meets (outside autocast,
-    which casts both): torch's matmul would fail with "expected m1 and m2 to have the same
-    dtype" deep inside, or a caller's cast would change values silently."""
-    if x.dtype == weight_dtype or any(torch.is_autocast_enabled(device)
-                                      for device in ("cuda", "cpu")):
+    """Refuse input of another floating-point dtype than the weights it meets (outside CUDA
+    autocast, which casts both; CPU autocast does not cover torch._grouped_mm): torch's matmul
+    would fail with "expected m1 and m2 to have the same dtype" deep inside."""
+    if x.dtype == weight_dtype or (x.is_cuda and torch.is_autocast_enabled("cuda")):
         return
     raise ValueError(f"{what} got input in {x.dtype} but its weights are {weight_dtype}: cast "
                      f"the input (x.to({weight_dtype})), make the module in {x.dtype} "

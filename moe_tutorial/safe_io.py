@@ -53,11 +53,11 @@ class FolderBusy(ValueError):
 
 
 def course_folders() -> list[Path]:
-    """The course's own folders (its notebooks, solutions, exercises and package), resolved."""
+    """The course's own folders (its chapters, solutions and package), resolved. Not
+    exercises/: the build writes there, and a learner's exercise is theirs."""
     package = Path(importlib.import_module(__name__.split(".")[0]).__file__).resolve().parent
     repo = package.parent
-    return [package] + [(repo / name).resolve() for name in ("notebooks", "solutions",
-                                                            "exercises")]
+    return [package] + [(repo / name).resolve() for name in ("notebooks", "solutions")]
 
 
 def _inside_course(path: Path) -> Path | None:
@@ -72,12 +72,11 @@ def check_target(path: str | Path, *, replace: bool, flag: str | None = None,
     a link into the course's own folders, or (without `replace`) an existing file."""
     path = Path(path)
     name = f"{flag} {path}" if flag else str(path)
-    if path.is_symlink():
-        folder = _inside_course(path)
-        if folder is not None:
-            raise UnsafeWrite(f"{name} is a link to {path.resolve()}, inside the course's own "
-                              f"{folder.name}/ folder, which is never written through a link; "
-                              f"remove the link (`rm {path}`) or choose another file name")
+    folder = _inside_course(path)
+    if folder is not None and Path(os.path.abspath(path)) != path.resolve():
+        raise UnsafeWrite(f"{name} leads through a link to {path.resolve()}, inside the course's "
+                          f"own {folder.name}/ folder, which is never written through a link; "
+                          f"remove the link or choose a path outside the course's folders")
     if path.is_dir():
         raise UnsafeWrite(f"{name} is a directory; give a file name in it, e.g. "
                           f"{path / 'results.json'}")

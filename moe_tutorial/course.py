@@ -943,11 +943,9 @@ def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set
                          f"({names}); give the exercises/ folder (the default) or a new or empty one")
 
 
-def _check_build_writable(exercises_dir: Path, writes: bool) -> None:
+def _check_build_writable(exercises_dir: Path) -> None:
     """Refuse, before the first notebook is written, an exercises folder the build cannot write
     in (or make): all or nothing."""
-    if not writes:
-        return
     try:
         exercises_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -1047,17 +1045,22 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
         return result
     from . import safe_io  # here: the one writer of the build's notebooks
 
-    _check_build_writable(exercises_dir, bool(to_write or to_remove))
-    for target, text in to_write:  # each whole or not at all (safe_io.atomic_file)
-        try:
-            safe_io.write_text(target, text, replace=True)
-        except safe_io.WriteFailed as exc:
-            raise BuildError(f"{exc.strerror}; the exercises written before it are "
-                             f"{', '.join(p.name for p in result.written) or 'none'}") from None
-        result.written.append(target)
-    for stale in to_remove:
-        stale.unlink()
-        result.removed.append(stale)
+    if not (to_write or to_remove):
+        return result
+    _check_build_writable(exercises_dir)
+    try:
+        with safe_io.hold_folder(exercises_dir, "exercise build"):  # one build at a time
+            for target, text in to_write:  # each whole or not at all (safe_io.atomic_file)
+                safe_io.write_text(target, text, replace=True)
+                result.written.append(target)
+            for stale in to_remove:
+                stale.unlink()
+                result.removed.append(stale)
+    except safe_io.FolderBusy as exc:
+        raise BuildError(str(exc)) from None
+    except safe_io.WriteFailed as exc:
+        raise BuildError(f"{exc.strerror}; the exercises written before it are "
+                         f"{', '.join(p.name for p in result.written) or 'none'}") from None
     return result
 
 

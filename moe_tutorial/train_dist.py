@@ -373,7 +373,7 @@ def train(args, device) -> dict:
     (`train.train`): each rank its own batches, the gradients those of the global batch (the
     engine's reduction), clipped by the whole model's norm."""
     from .data import load_protein_data
-    from .train import evaluate
+    from .train import check_learned, evaluate
     from .train import train as train_loop
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -409,6 +409,9 @@ def train(args, device) -> dict:
     elapsed = time.perf_counter() - start
     losses = torch.tensor([r["lm_loss"] for r in history], device=device)
     dist.all_reduce(losses)  # one collective for the whole curve: the mean over ranks per step
+    # The same mean curve on every rank: all of them agree whether the run diverged
+    check_learned([{**r, "loss": loss / world} for r, loss in zip(history, losses.tolist())],
+                  config.vocab_size, args.lr)
     val = evaluate(model, data.val, args.batch, max_batches=4)
     return {"rank": rank, "dp": args.dp, "ep": args.ep, "engine": args.engine,
             "history": [{"step": r["step"], "loss": loss / world, "elapsed_s": r["elapsed_s"]}
@@ -524,8 +527,17 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = _setup()
+    from .train import TrainingDiverged
+
     try:
-        result = run(args, device)
+        try:
+            result = run(args, device)
+        except (ValueError, TrainingDiverged) as exc:
+            # The user's setup or a failed training (a damaged checkpoint, a diverged loss): the
+            # same on every rank, so one line from rank 0, which `launch` reports alone
+            if dist.get_rank() == 0:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 1 if isinstance(exc, TrainingDiverged) else 2
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, result)
         if dist.get_rank() == 0:
@@ -570,6 +582,10 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
             raise RuntimeError(f"{shlex.join(cmd)} timed out after {timeout:g} s and was "
                                f"stopped:\n" + "".join(lines[-30:]))
         detail = ""
+        said = [line.removeprefix("error: ").strip() for line in lines
+                if line.startswith("error: ")]
+        if returncode != 0 and said:  # rank 0 said what the user can fix: that line alone
+            raise RuntimeError(said[0])
         if returncode != 0:
             # The ranks' own exception lines say what went wrong; torchrun's summary does not.
             # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.) A rank that died

@@ -517,6 +517,16 @@ def test_train_dist_launch_refuses_a_held_folder_before_torchrun(holder):
         train_dist.launch(2, "--mode", "train", "--checkpoint-dir", str(folder))
 
 
+def test_launch_reports_a_ranks_one_line_error_alone(monkeypatch):
+    said = ("import sys; print('[rank1]: Traceback (most recent call last):'); "
+            "print('error: step 3: the training loss ended at 9.000 nats', file=sys.stderr); "
+            "sys.exit(1)")
+    monkeypatch.setattr(train_dist, "torchrun_command",
+                        lambda nproc, *args: [sys.executable, "-c", said])
+    with pytest.raises(RuntimeError, match=r"^step 3: the training loss ended at 9.000 nats$"):
+        train_dist.launch(2, "--mode", "check", echo=False)
+
+
 def test_train_dist_without_resume_refuses_another_runs_folder(capsys, tmp_path):
     (tmp_path / "step_00000002").mkdir()
     with pytest.raises(SystemExit):
@@ -593,6 +603,16 @@ def test_build_on_a_full_disk_is_one_line_and_writes_nothing(capsys, tmp_path, f
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "No space left" in err[0], err
     assert list((tmp_path / "exercises").iterdir()) == []
+
+
+def test_a_build_while_another_holds_the_exercises_is_refused_naming_it(capsys, tmp_path):
+    solutions = _solutions(tmp_path)
+    with safe_io.hold_folder(tmp_path / "exercises", "exercise build"):
+        assert main(["build", "--solutions", str(solutions), "--exercises",
+                     str(tmp_path / "exercises")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"exercise build (pid {os.getpid()}" in err[0], err
+    assert not (tmp_path / "exercises" / "01_router.ipynb").exists()
 
 
 def test_run_out_through_a_link_to_the_notebooks_is_refused(capsys, fake_checkout,

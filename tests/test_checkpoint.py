@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -123,3 +124,25 @@ def test_the_command_line_says_what_is_wrong(tmp_path, capsys):
     assert main(["train", "--preset", "tiny", "--steps", "2", "--checkpoint-dir",
                  str(tmp_path / "empty"), "--resume"]) == 2
     assert "no checkpoint (step_*.pt) in" in capsys.readouterr().err
+
+
+def test_a_second_run_into_a_running_runs_directory_is_refused_naming_it(tmp_path, capsys):
+    """Two `train` runs started on one --checkpoint-dir: the second is refused before it
+    starts, naming the first, whose checkpoints stay its own."""
+    first = subprocess.Popen([sys.executable, "-m", "moe_tutorial", *CLI[:3], "--steps", "100000",
+                              "--batch-size", "2", "--checkpoint-dir", "ckpt"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = tmp_path / "ckpt" / ".moe-tutorial.lock"
+        for _ in range(600):  # until the first run holds its directory (data loaded, training)
+            if lock.exists() and lock.read_text():
+                break
+            assert first.poll() is None, "the first run ended early"
+            time.sleep(0.2)
+        assert main(["train", "--preset", "tiny", "--steps", "2", "--checkpoint-dir",
+                     str(tmp_path / "ckpt")]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by training run (pid {first.pid} " in err and "another folder" in err
+    finally:
+        first.kill()
+        first.wait()

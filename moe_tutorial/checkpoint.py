@@ -55,8 +55,7 @@ class Checkpointing:
     keep: int = 3
 
     def __post_init__(self):
-        if self.every < 1 or self.keep < 1:
-            raise ValueError(f"Checkpointing: every={self.every} and keep={self.keep} must be >= 1")
+        check_arguments("Checkpointing", self.directory, self.every, self.keep)
 
     @contextlib.contextmanager
     def hold(self, resume: bool):
@@ -89,6 +88,18 @@ class Checkpointing:
                 f"another expert backend or precision? Resume with the same ones") from exc
         set_rng_state(state["rng"])
         return state["step"], state["history"]
+
+
+def check_arguments(what: str, directory, every, keep) -> None:
+    """The checks of `Checkpointing`'s and `ShardedCheckpointing`'s arguments, as the command
+    line's --checkpoint-dir, --checkpoint-every and --keep-checkpoints get them."""
+    from .data import check_count
+
+    if not isinstance(directory, (str, os.PathLike)) or not str(directory):
+        raise ValueError(f"{what}: directory={directory!r} must be a folder's path, e.g. "
+                         f"'runs/small'")
+    check_count(f"{what}.every", every)
+    check_count(f"{what}.keep", keep)
 
 
 def path_for(directory: str | Path, step: int) -> Path:

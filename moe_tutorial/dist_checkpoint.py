@@ -81,7 +81,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from . import safe_io
-from .checkpoint import CheckpointError, check_directory, check_same_run, saved_steps
+from .checkpoint import (CheckpointError, check_arguments, check_directory, check_same_run,
+                         saved_steps)
 from .distributed import Layout, check_layout, is_expert_parameter
 from .experts import TE_EXPERT_CLASSES, ExpertMLP, deinterleave_glu, interleave_glu
 
@@ -503,9 +504,7 @@ class ShardedCheckpointing:
     keep: int = 3
 
     def __post_init__(self):
-        if self.every < 1 or self.keep < 1:
-            raise ValueError(f"ShardedCheckpointing: every={self.every} and keep={self.keep} "
-                             f"must be >= 1")
+        check_arguments("ShardedCheckpointing", self.directory, self.every, self.keep)
 
     @contextlib.contextmanager
     def hold(self, resume: bool):

@@ -41,9 +41,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from . import distributed, routing
+from . import distributed, routing, safe_io
 from .config import DTYPES, MoEConfig, preset
-from .course import write_atomically
 from .dist_checkpoint import ShardedCheckpointing
 from .experts import TORCH_BACKENDS
 from .lesson import rel_error
@@ -436,7 +435,7 @@ def check_run_arguments(args: argparse.Namespace) -> None:
     unwritable or a dangling link, held by another run, holding another run's checkpoints
     without --resume, or (--resume) holding a checkpoint saved with other settings. A
     ValueError (`checkpoint.CheckpointError`, `safe_io.FolderBusy`) whose message names the fix."""
-    from . import dist_checkpoint, safe_io
+    from . import dist_checkpoint
     from .checkpoint import check_directory, check_same_run
     from .train import _settings_dict
 
@@ -544,7 +543,7 @@ def main(argv=None) -> int:
             report = {"mode": args.mode, "results": gathered}
             print("RESULT " + json.dumps(report))
             if args.out:  # whole or not at all: `launch` trusts a file that exists
-                write_atomically(Path(args.out), json.dumps(report, indent=1))
+                safe_io.write_json(args.out, report, replace=True)
     finally:
         dist.destroy_process_group()
     return 0

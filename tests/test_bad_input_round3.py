@@ -352,6 +352,19 @@ def test_a_resumed_run_into_its_own_folder_is_accepted(tmp_path):
     assert [r["step"] for r in history] == [1, 2, 3]
 
 
+@pytest.mark.parametrize("kind", [Checkpointing, dist_checkpoint.ShardedCheckpointing])
+@pytest.mark.parametrize("arguments, words", [
+    ({"directory": None}, "directory=None must be a folder's path"),
+    ({"directory": "runs/x", "every": "50"}, "every='50' must be an integer >= 1"),
+    ({"directory": "runs/x", "keep": 2.5}, "keep=2.5 must be an integer >= 1"),
+])
+def test_checkpointing_arguments_are_checked_as_the_flags_are(kind, arguments, words):
+    if kind is dist_checkpoint.ShardedCheckpointing:
+        arguments = {**arguments, "layout": None}
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        kind(**arguments)
+
+
 def test_sharded_checkpointing_refuses_another_runs_folder(tmp_path):
     (tmp_path / "step_00000006").mkdir()
     with pytest.raises(CheckpointError, match=r"steps \[6\]"):

@@ -487,12 +487,15 @@ def test_analyze_json_on_a_full_disk_keeps_the_earlier_report(capsys, tmp_path, 
     assert earlier.read_text() == "earlier" and leftovers(tmp_path) == []
 
 
-def test_bench_merge_does_not_overwrite_an_earlier_merge(capsys, tmp_path):
+def test_bench_merge_on_a_full_disk_keeps_the_earlier_merge(capsys, tmp_path, full_disk):
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"environment": {"torch": "2.13"}, "results": []}))
     earlier = tmp_path / "merged.json"
     earlier.write_text("earlier")
-    one_line_error(capsys, ["bench", "--merge", str(tmp_path / "a.json"), "--out",
-                            str(earlier)], "already exists", "--replace")
-    assert earlier.read_text() == "earlier"
+    code = main(["bench", "--merge", str(part), "--out", str(earlier), "--replace"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "nothing was changed" in err[0], err
+    assert earlier.read_text() == "earlier" and leftovers(tmp_path) == []
 
 
 def test_train_lr_that_diverges_is_one_line_and_exit_1(capsys, monkeypatch):

@@ -21,6 +21,11 @@ Lower-case letters are accepted and read as upper case. Anything else (digits, g
 '*' inside a sequence) is an error: silently dropping characters would shift every residue after
 them. Decoding gives the canonical letters, so `decode(encode("bu"))` is "XC".
 
+Every letter of DNA and RNA (A, C, G, T, U, N) is an amino-acid code too, so a nucleotide file
+would read as protein without a word (RNA's U as C): `load_sequences` refuses a file whose
+residues are nearly all nucleotide letters (`check_not_nucleotides`). Line ends may be Unix,
+Windows or old Mac OS (a lone carriage return) ones.
+
 In the shipped CATH file X mostly stands for selenomethionine (CATH writes modified residues as
 X; Met is 0.25% of the residues of the 5,051 sequences that contain X, 2.22% of the others). X is
 kept as its own rare token (0.60% of residues) rather than mapped to M: not every X is a Met.

@@ -10,21 +10,19 @@ fills up is simulated by making fsync or torch.save fail with ENOSPC."""
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from course_helpers import notebook
 
-from moe_tutorial import checkpoint, course, data, dist_checkpoint, safe_io, train_dist
+from moe_tutorial import checkpoint, data, dist_checkpoint, safe_io, train_dist
 from moe_tutorial.__main__ import main
 from moe_tutorial.checkpoint import CheckpointError, Checkpointing
 from moe_tutorial.config import MoEConfig, preset

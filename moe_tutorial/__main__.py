@@ -45,13 +45,10 @@ def _check_output_file(flag: str, path: str | None, replace: bool, *,
     directory exists, or with `make_parents` can be made)."""
     if path is None:
         return
+    from .safe_io import check_target
+
     target = Path(path)
-    if target.is_dir():
-        raise ValueError(f"{flag} {path} is a directory; give a file name in it, e.g. "
-                         f"{target / 'results.json'}")
-    if target.exists() and not replace:
-        raise ValueError(f"{flag} {path} already exists (an earlier result?); pass --replace "
-                         f"to replace it, or choose another file name")
+    check_target(target, replace=replace, flag=flag)
     _check_writable_directory(flag, path, target.parent)
     if not make_parents and not target.absolute().parent.is_dir():
         raise ValueError(f"{flag} {path}: the directory {target.absolute().parent} does not "
@@ -95,15 +92,13 @@ def _check_train(args: argparse.Namespace) -> None:
     _train_settings(args)
     _check_output_file("--json", args.json, args.replace, make_parents=False)
     if args.checkpoint_dir:
+        from .safe_io import check_folder_free
+
         checkpoint.Checkpointing(args.checkpoint_dir, args.checkpoint_every,
                                  args.keep_checkpoints)
-        directory = Path(args.checkpoint_dir)
-        _check_writable_directory("--checkpoint-dir", args.checkpoint_dir, directory)
-        steps = checkpoint.saved_steps(directory)
-        if steps and not args.resume:  # a new run would overwrite and prune them
-            raise ValueError(f"--checkpoint-dir {directory} already holds the checkpoints of a "
-                             f"run (steps {steps}); pass --resume to continue it, or choose "
-                             f"another directory for a new run")
+        # a new run would overwrite and prune another run's checkpoints
+        checkpoint.check_directory(args.checkpoint_dir, args.resume)
+        check_folder_free(args.checkpoint_dir, "training run")
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -113,7 +108,8 @@ def _train(args: argparse.Namespace) -> int:
     from .config import preset
     from .data import load_protein_data
     from .model import MoEForCausalLM
-    from .train import evaluate, train
+    from .safe_io import FolderBusy, write_json
+    from .train import TrainingDiverged, evaluate, train
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     config = preset(args.preset)
@@ -139,9 +135,12 @@ def _train(args: argparse.Namespace) -> int:
     try:
         history = train(model, data.train, settings, val=data.val, checkpoint=checkpoint,
                         resume=args.resume)
-    except CheckpointError as exc:  # what is wrong with the checkpoint, not a stack trace
+    except (CheckpointError, FolderBusy) as exc:  # what is wrong, not a stack trace
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except TrainingDiverged as exc:  # a failed training: its step, loss and what to change
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"\n{'step':>6} {'train loss':>11} {'val loss':>9} {'tokens/s':>9} {'minutes':>8}")
     print(f"{0:>6} {'':>11} {start:>9.3f}")
     for r in history:
@@ -152,13 +151,13 @@ def _train(args: argparse.Namespace) -> int:
     print(f"\nvalidation loss (all {data.val[:, 1:].numel():,} validation tokens): {start:.3f} → "
           f"{final:.3f} nats; unigram baseline {data.unigram_nats:.3f} ({final - data.unigram_nats:+.3f})")
     if args.json:
-        with open(args.json, "w") as f:
-            from .timing import environment
+        from .timing import environment
 
-            json.dump({"preset": args.preset, "device": device, "environment": environment(),
-                       "settings": {k: v for k, v in vars(args).items() if k != "run"},
-                       "unigram_nats": data.unigram_nats, "val_loss_start": start, "val_loss_final": final,
-                       "history": history}, f, indent=1)
+        write_json(args.json, {
+            "preset": args.preset, "device": device, "environment": environment(),
+            "settings": {k: v for k, v in vars(args).items() if k != "run"},
+            "unigram_nats": data.unigram_nats, "val_loss_start": start,
+            "val_loss_final": final, "history": history}, replace=args.replace)
     return 0
 
 
@@ -170,11 +169,14 @@ def _bench(args: argparse.Namespace) -> int:
 
     partial: list[dict] = []
 
-    def write(obj):
+    def write(obj):  # whole or not at all: a full disk leaves the earlier file intact
         if args.out:
+            from .safe_io import write_json
+
             os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(obj, f, indent=1)
+            # --out was checked before the work (refused if it held a result without
+            # --replace); from then on it is this run's own file, rewritten as rows come in
+            write_json(args.out, obj, replace=True)
 
     def keep(row):  # results so far reach the file even if the run is cut short
         partial.append(row)
@@ -331,7 +333,11 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 # Each command's checks of its arguments, run before any of its work (see `main`).
-_CHECKS = {"train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
+def _check_validate(args: argparse.Namespace) -> None:
+    _check_output_file("--out", args.out, args.replace, make_parents=True)
+
+
+_CHECKS = {"validate": _check_validate, "train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
            "analyze": _check_analyze, "idle-gaps": _check_idle_gaps}
 
 
@@ -347,8 +353,11 @@ def _add_step_workload(parser: argparse.ArgumentParser, *, out_help: str) -> Non
 
 
 def _write_json(doc: dict, path: str) -> None:
+    """`doc` into `path` whole or not at all; the command checked `path` before its work."""
+    from .safe_io import write_json
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write_json(path, doc, replace=True)
     print(f"wrote {path}")
 
 
@@ -479,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     va = sub.add_parser("validate", help="on a B200 (or any GPU): GPU tests, fused-path check, "
                                          "one timed step per variant, in one JSON")
     va.add_argument("--out", default="report.json")
+    va.add_argument("--replace", action="store_true",
+                    help="replace an existing --out file (else it is refused)")
     va.set_defaults(run=_validate)
 
     sol = sub.add_parser("speed-of-light",
@@ -553,7 +564,13 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    return args.run(args)
+    from .safe_io import WriteFailed
+
+    try:
+        return args.run(args)
+    except WriteFailed as exc:  # a full disk or lost permission: nothing was changed, say so
+        print(f"error: {exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -943,6 +943,19 @@ def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set
                          f"({names}); give the exercises/ folder (the default) or a new or empty one")
 
 
+def _check_build_writable(exercises_dir: Path) -> None:
+    """Refuse, before the first notebook is written, an exercises folder the build cannot write
+    in (or make): all or nothing."""
+    try:
+        exercises_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(f"--exercises {exercises_dir} cannot be made ({exc.strerror or exc}); "
+                         "give a folder you can write in") from None
+    if not os.access(exercises_dir, os.W_OK | os.X_OK):
+        raise BuildError(f"--exercises {exercises_dir}: no permission to write in it; make it "
+                         f"writable (`chmod u+w {exercises_dir}`) or give another folder")
+
+
 def _read_solution(source: Path, where: str) -> dict:
     try:
         nb = json.loads(source.read_text(encoding="utf-8"))
@@ -988,6 +1001,12 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
         text = notebook_json(stamp(exercise, where))
         target = exercises_dir / source.name
         shown = f"{exercises_dir.name}/{target.name}"
+        if target.is_symlink():  # the learner's own arrangement, and what it points to is theirs
+            problem = (f"{shown} is a link to {os.readlink(target)}; the build never writes "
+                       f"through a link (it would overwrite what the link points to): remove "
+                       f"the link (`rm {target}`) and run `{build}` again")
+            (result.problems if check else result.refused).append(problem)
+            continue
         if not target.exists():
             state, existing = "missing", None
         else:
@@ -1024,13 +1043,24 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
                                ", so the build leaves it")
     if result.refused:  # all or nothing: a build that stops half way would mix two versions
         return result
-    for target, text in to_write:
-        exercises_dir.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-        result.written.append(target)
-    for stale in to_remove:
-        stale.unlink()
-        result.removed.append(stale)
+    from . import safe_io  # here: the one writer of the build's notebooks
+
+    if not (to_write or to_remove):
+        return result
+    _check_build_writable(exercises_dir)
+    try:
+        with safe_io.hold_folder(exercises_dir, "exercise build"):  # one build at a time
+            for target, text in to_write:  # each whole or not at all (safe_io.atomic_file)
+                safe_io.write_text(target, text, replace=True)
+                result.written.append(target)
+            for stale in to_remove:
+                stale.unlink()
+                result.removed.append(stale)
+    except safe_io.FolderBusy as exc:
+        raise BuildError(str(exc)) from None
+    except safe_io.WriteFailed as exc:
+        raise BuildError(f"{exc.strerror}; the exercises written before it are "
+                         f"{', '.join(p.name for p in result.written) or 'none'}") from None
     return result
 
 

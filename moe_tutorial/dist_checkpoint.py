@@ -53,6 +53,10 @@ written its part (DCP's save returns once rank 0 has gathered every rank's resul
 the index, `.metadata`) does rank 0 add `meta.json` (step, model config, the layout it was saved
 on) and rename the folder to `step_00000200/` — a rename is atomic. A rank killed before that
 leaves a `.partial` folder, which `latest` ignores: the previous checkpoint stays the newest.
+`meta.json` also holds the sha256 of every file of the checkpoint: a checkpoint is verified
+before it is loaded, and a damaged one (a truncated or altered shard) is reported as damaged,
+naming the file and the newest intact checkpoint. Pruning (`keep`) deletes only checkpoints
+older than the one just written.
 
 `save(..., async_save=True)` returns as soon as the tensors are copied and writes them in a
 background thread (DCP's `async_save`, its collectives on a gloo group of their own).
@@ -60,6 +64,7 @@ background thread (DCP's `async_save`, its collectives on a gloo group of their 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -75,7 +80,9 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from .checkpoint import CheckpointError, check_same_run, saved_steps
+from . import safe_io
+from .checkpoint import (CheckpointError, check_arguments, check_directory, check_same_run,
+                         saved_steps)
 from .distributed import Layout, check_layout, is_expert_parameter
 from .experts import TE_EXPERT_CLASSES, ExpertMLP, deinterleave_glu, interleave_glu
 
@@ -356,18 +363,18 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
 def _commit(partial: Path, final: Path, meta: dict, keep: int | None) -> None:
     """Rank 0, once every rank's part is written: meta.json, then the atomic rename that makes
     the checkpoint complete; then the pruning that `keep` asks for."""
-    with open(partial / META, "w") as f:
-        json.dump(meta, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the name says the checkpoint is complete
+    files = {p.name: safe_io.sha256_of(p) for p in sorted(partial.iterdir()) if p.is_file()}
+    # on disk before the name says the checkpoint is complete
+    safe_io.write_json(partial / META, {**meta, "files": files}, replace=True)
     os.replace(partial, final)
     directory = os.open(final.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # the rename itself on disk
     finally:
         os.close(directory)
-    if keep is not None:
-        for old in complete_steps(final.parent)[:-keep]:
+    if keep is not None:  # never a newer checkpoint than this one: not this run's
+        step = int(NAME.fullmatch(final.name).group(1))
+        for old in [s for s in complete_steps(final.parent) if s <= step][:-keep]:
             shutil.rmtree(path_for(final.parent, old))
         for stale in final.parent.glob(f"step_*{PARTIAL}"):
             shutil.rmtree(stale)
@@ -387,6 +394,37 @@ def _read_meta(path: Path) -> dict:
         raise CheckpointError(f"{path} was written in format {meta.get('format')!r} and this "
                               f"version of moe_tutorial reads format {FORMAT}: start a new run")
     return meta
+
+
+def damage(path: Path) -> str | None:
+    """None if every file of the checkpoint `path` matches the checksum in its meta.json; else
+    what is wrong, naming the file."""
+    try:
+        files = json.loads((path / META).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {META} is missing, unreadable or holds no checksums"
+    for name, expected in files.items():
+        try:
+            actual = safe_io.sha256_of(path / name)
+        except OSError as exc:
+            return f"{path / name} cannot be read ({exc.strerror or exc})"
+        if actual != expected:
+            return f"{path / name} does not match the checksum saved with it"
+    return None
+
+
+def verified_latest(directory: str | Path) -> Path:
+    """`latest`, verified (`damage`): a damaged checkpoint is a `CheckpointError` naming the
+    damaged file and the newest intact checkpoint before it."""
+    path = latest(directory)
+    problem = damage(path)
+    if problem is None:
+        return path
+    good = next((path_for(directory, s) for s in reversed(complete_steps(directory)[:-1])
+                 if damage(path_for(directory, s)) is None), None)
+    advice = (f"the newest intact one is {good}: move {path.name} away to resume from it"
+              if good is not None else "no intact checkpoint is left: start a new run")
+    raise CheckpointError(f"{path} is damaged ({problem}); {advice}")
 
 
 @torch.no_grad()
@@ -424,7 +462,7 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
     checkpoint's. `checkpoint.CheckpointError` when there is no complete checkpoint, or it was
     saved by another model configuration (each differing field named)."""
     _check_world(model, layout)
-    path = latest(directory)
+    path = verified_latest(directory)
     meta = _read_meta(path)
     check_same_run({"path": path}, "model", meta["config"], asdict(model.config))
     entries = _entries(model, layout)
@@ -466,9 +504,18 @@ class ShardedCheckpointing:
     keep: int = 3
 
     def __post_init__(self):
-        if self.every < 1 or self.keep < 1:
-            raise ValueError(f"ShardedCheckpointing: every={self.every} and keep={self.keep} "
-                             f"must be >= 1")
+        check_arguments("ShardedCheckpointing", self.directory, self.every, self.keep)
+
+    @contextlib.contextmanager
+    def hold(self, resume: bool):
+        """`checkpoint.Checkpointing.hold` for every rank: each refuses alike a directory a new
+        run must not write into; rank 0 holds it for the run (`safe_io.hold_folder`)."""
+        check_directory(self.directory, resume, steps=complete_steps)
+        if not _is_coordinator():
+            yield
+            return
+        with safe_io.hold_folder(self.directory, "distributed training run"):
+            yield
 
     def save(self, model, optimizer, step: int, history: list[dict], settings: dict,
              config: dict) -> None:
@@ -478,7 +525,7 @@ class ShardedCheckpointing:
     def resume(self, model, optimizer, settings: dict, config: dict) -> tuple[int, list[dict]]:
         """Load the newest complete checkpoint; (its step, the history up to it). Refuses one
         made with other settings (the model's configuration `load` checks)."""
-        path = latest(self.directory)
+        path = latest(self.directory)  # `load` verifies it
         run = _read_meta(path)["run"]
         check_same_run({"path": path}, "settings", run.get("settings", {}), settings)
         step = load(model, optimizer, self.directory, self.layout)

@@ -66,7 +66,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import hardware, recipes
-from .routing import check_expert_indices, check_routed_shapes, permute, unpermute
+from .routing import (check_compute_dtype, check_expert_indices, check_routed_shapes, permute,
+                      unpermute)
 
 # The fused grouped MLP's shape rules (TE 2.20, ops/fused/grouped_mlp.py; the 256 from TE's
 # docs/examples/te_mixtral/te_moe_dispatch.py: the cuDNN kernel rejects per-expert row counts that
@@ -321,6 +322,7 @@ class ExpertMLP(nn.Module):
                 weights: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], indices [T, k] chosen experts, weights [T, k] their routing weights."""
         check_expert_inputs(self, hidden, indices, weights)
+        check_compute_dtype("the experts", hidden, self.gate_up_proj.dtype)
         return BACKENDS[self._backend](self, hidden, indices, weights)
 
     @torch.no_grad()

@@ -168,6 +168,8 @@ class Router(nn.Module):
         if hidden.dim() == 0 or hidden.shape[-1] != self.weight.shape[1]:
             raise ValueError(f"the router takes hidden states [..., {self.weight.shape[1]}], got "
                              f"shape {tuple(hidden.shape)}: pass the layer's hidden states")
+        if self.scoring == "softmax":
+            check_compute_dtype("the router", hidden, self.weight.dtype)
         flat = hidden.reshape(-1, hidden.shape[-1])
         if self.scoring == "softmax":
             logits = F.linear(flat, self.weight)
@@ -263,6 +265,17 @@ def sort_by_expert(indices: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
         bad = flat_experts.min() if tokens_per_expert is None else flat_experts.max()
         raise _expert_out_of_range(int(bad), num_experts)
     return order, tokens_per_expert
+
+
+def check_compute_dtype(what: str, x: torch.Tensor, weight_dtype: torch.dtype) -> None:
+    """Refuse input of another floating-point dtype than the weights it meets (outside CUDA
+    autocast, which casts both; CPU autocast does not cover torch._grouped_mm): torch's matmul
+    would fail with "expected m1 and m2 to have the same dtype" deep inside."""
+    if x.dtype == weight_dtype or (x.is_cuda and torch.is_autocast_enabled("cuda")):
+        return
+    raise ValueError(f"{what} got input in {x.dtype} but its weights are {weight_dtype}: cast "
+                     f"the input (x.to({weight_dtype})), make the module in {x.dtype} "
+                     f"(.to({x.dtype})), or run it under torch.autocast")
 
 
 def check_routed_shapes(hidden: torch.Tensor, indices: torch.Tensor,

@@ -22,6 +22,7 @@ A parallel layout plugs in through two hooks, as in torchtitan's one `train_step
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import numbers
@@ -89,7 +90,18 @@ def learning_rate(step: int, s: TrainSettings) -> float:
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss or the gradient norm became NaN or infinite."""
+    """The loss or the gradient norm became NaN or infinite, or the run ended with a loss worse
+    than where it started or than guessing uniformly (`check_learned`). `history`: the records
+    of the run up to there, when the run got that far."""
+
+    def __init__(self, message: str, history: list[dict] | None = None):
+        super().__init__(message)
+        self.history = history or []
+
+
+# How much worse than its start, or than the uniform guess, a run's loss may end before it counts
+# as diverged: the noise of a few batches' mean loss around an untrained model's, not learning.
+DIVERGENCE_MARGIN_NATS = 0.1
 
 
 OPTIMIZERS = ("torch_adamw", "te_fused_adam", "torch_adamw_compiled")
@@ -442,6 +454,33 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
     return StepResult(loss, parts, grad_norm)
 
 
+def check_learned(history: list[dict], vocab_size: int | None, lr: float) -> None:
+    """`TrainingDiverged` if the run's loss ended worse (by more than DIVERGENCE_MARGIN_NATS)
+    than its first step's, or than guessing every token uniformly (ln vocab_size): a finite loss
+    that rose is a failed training all the same. The end is the mean training loss of the last
+    tenth of the steps (at least one, at most ten), and the last validation loss where there is
+    one."""
+    if not history:
+        return
+    tail = history[-min(10, max(1, len(history) // 10)):]
+    ended = sum(r["loss"] for r in tail) / len(tail)
+    val = history[-1].get("val_loss")
+    start = history[0]["loss"]
+    uniform = math.log(vocab_size) if vocab_size else math.inf
+    worst = max(ended, val if val is not None else -math.inf)
+    if worst <= min(start, uniform) + DIVERGENCE_MARGIN_NATS:
+        return
+    which = ("validation loss" if val is not None and val >= ended else
+             f"training loss (mean of the last {len(tail)} steps)")
+    baseline = (f" and than guessing uniformly (ln {vocab_size} = {uniform:.3f})"
+                if worst > uniform + DIVERGENCE_MARGIN_NATS else "")
+    raise TrainingDiverged(
+        f"step {history[-1]['step']}: the {which} ended at {worst:.3f} nats, worse than at the "
+        f"start ({start:.3f}){baseline} — training diverged (lr={lr:.3g}). Lower the learning "
+        f"rate (TrainSettings.lr, --lr; try {lr / 10:.3g}) or lengthen warmup_steps",
+        history)
+
+
 def _batches(data, batch_size: int, seed: int, start: int):
     """The run's batches from step `start` on: windows of a packed tensor [n, seq_len + 1]
     (shuffled per epoch, `data.iterate_batches`), or a given sequence of (inputs, targets)."""
@@ -465,7 +504,13 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
     `dist_checkpoint.ShardedCheckpointing`: every rank of a (dp, ep) run its shards);
     `resume=True` continues from the newest checkpoint in that directory
     (`checkpoint.CheckpointError` if there is none, or it is unreadable, or it was made with
-    other settings or another model)."""
+    other settings or another model). The run holds that directory while it trains: another
+    run into it is refused (`safe_io.FolderBusy`), and so is, without `resume`, a directory
+    that holds another run's checkpoints (`checkpoint.CheckpointError`), before any step.
+
+    `TrainingDiverged` when the loss stops being finite, or when the run ends with a loss
+    worse than at its start or than guessing uniformly (`check_learned`); the exception's
+    `history` holds the records up to there."""
     s = settings
     if resume and checkpoint is None:
         raise ValueError("resume=True needs checkpoint=Checkpointing(directory) to resume from")
@@ -475,6 +520,21 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
         # Once, on the host copy: the forward pass range-checks only batches in host memory
         # (on a GPU the check would cost a sync per step), so the whole dataset is checked here.
         check_batch(model.config, data[:, :-1], data[:, 1:])
+    holding = checkpoint.hold(resume) if checkpoint is not None else contextlib.nullcontext()
+    with holding:
+        history = _train_loop(model, data, s, val=val, on_step=on_step, progress=progress,
+                              forward=forward, after_backward=after_backward,
+                              clip_grad_norm=clip_grad_norm, checkpoint=checkpoint,
+                              resume=resume)
+    # A distributed run's ranks each see their own batches' losses and could disagree (one
+    # raising while the others wait in a collective): its launcher checks the mean over ranks.
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        check_learned(history, getattr(getattr(model, "config", None), "vocab_size", None), s.lr)
+    return history
+
+
+def _train_loop(model, data, s: TrainSettings, *, val, on_step, progress, forward,
+                after_backward, clip_grad_norm, checkpoint, resume) -> list[dict]:
     torch.manual_seed(s.seed)
     device = next(model.parameters()).device
     optimizer = make_optimizer(model, s)
@@ -502,9 +562,9 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
                                 clip_grad_norm=clip_grad_norm)
         except TrainingDiverged as exc:
             raise TrainingDiverged(
-                f"step {step}: {exc} — training diverged (lr={lr:.3g}). Lower TrainSettings.lr "
-                f"(try {s.lr / 3:.3g}), lengthen warmup_steps, or train in float32 / bfloat16 "
-                f"rather than float16.") from None
+                f"step {step}: {exc} — training diverged (lr={lr:.3g}). Lower the learning rate "
+                f"(TrainSettings.lr, --lr; try {s.lr / 3:.3g}), lengthen warmup_steps, or train "
+                f"in float32 / bfloat16 rather than float16", history) from None
         step_s = time.perf_counter() - step_start
         tokens_seen += targets.numel()
         train_time += step_s  # throughput excludes evaluation and checkpoints

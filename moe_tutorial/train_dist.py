@@ -41,9 +41,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from . import distributed, routing
+from . import distributed, routing, safe_io
 from .config import DTYPES, MoEConfig, preset
-from .course import write_atomically
 from .dist_checkpoint import ShardedCheckpointing
 from .experts import TORCH_BACKENDS
 from .lesson import rel_error
@@ -373,7 +372,7 @@ def train(args, device) -> dict:
     (`train.train`): each rank its own batches, the gradients those of the global batch (the
     engine's reduction), clipped by the whole model's norm."""
     from .data import load_protein_data
-    from .train import TrainSettings, evaluate
+    from .train import check_learned, evaluate
     from .train import train as train_loop
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -392,8 +391,7 @@ def train(args, device) -> dict:
         after_backward = parallelize(model, args, layout, compute, state)
     # The same settings on every rank (a checkpoint holds one copy); each rank trains on its
     # own share of the windows, as torch's DistributedSampler deals them out.
-    settings = TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
-                             warmup_steps=max(1, args.steps // 10), eval_every=0)
+    settings = train_settings(args)
     checkpointing = (ShardedCheckpointing(args.checkpoint_dir, layout, args.checkpoint_every)
                      if args.checkpoint_dir else None)
     start = time.perf_counter()
@@ -410,6 +408,9 @@ def train(args, device) -> dict:
     elapsed = time.perf_counter() - start
     losses = torch.tensor([r["lm_loss"] for r in history], device=device)
     dist.all_reduce(losses)  # one collective for the whole curve: the mean over ranks per step
+    # The same mean curve on every rank: all of them agree whether the run diverged
+    check_learned([{**r, "loss": loss / world} for r, loss in zip(history, losses.tolist())],
+                  config.vocab_size, args.lr)
     val = evaluate(model, data.val, args.batch, max_batches=4)
     return {"rank": rank, "dp": args.dp, "ep": args.ep, "engine": args.engine,
             "history": [{"step": r["step"], "loss": loss / world, "elapsed_s": r["elapsed_s"]}
@@ -421,7 +422,34 @@ def train(args, device) -> dict:
 MODES = {"check": check, "bench": bench, "train": train}
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def train_settings(args):
+    """The training settings of `--mode train`, the same on every rank."""
+    from .train import TrainSettings
+
+    return TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
+                         warmup_steps=max(1, args.steps // 10), eval_every=0)
+
+
+def check_run_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any process group or training, a --checkpoint-dir the run cannot use:
+    unwritable or a dangling link, held by another run, holding another run's checkpoints
+    without --resume, or (--resume) holding a checkpoint saved with other settings. A
+    ValueError (`checkpoint.CheckpointError`, `safe_io.FolderBusy`) whose message names the fix."""
+    from . import dist_checkpoint
+    from .checkpoint import check_directory, check_same_run
+    from .train import _settings_dict
+
+    if args.mode != "train" or not args.checkpoint_dir:
+        return
+    check_directory(args.checkpoint_dir, args.resume, steps=dist_checkpoint.complete_steps)
+    safe_io.check_folder_free(args.checkpoint_dir, "distributed training run")
+    if args.resume:
+        path = dist_checkpoint.latest(args.checkpoint_dir)
+        saved = dist_checkpoint._read_meta(path)["run"].get("settings", {})
+        check_same_run({"path": path}, "settings", saved, _settings_dict(train_settings(args)))
+
+
+def parse_args(argv=None, check: bool = True) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="moe_tutorial.train_dist", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mode", choices=sorted(MODES), default="check")
@@ -471,6 +499,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="check mode: route no token to this EP rank's experts")
     parser.add_argument("--out", default=None, help="rank 0 writes all ranks' results here")
     args = parser.parse_args(argv)
+    if check:
+        try:
+            check_run_arguments(args)
+        except ValueError as exc:  # the user's setup: one line (from rank 0), exit status 2
+            if os.environ.get("RANK", "0") == "0":
+                print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
     if args.model != "ours" and args.mode != "bench":
         parser.error(f"--model {args.model} is for --mode bench only")
     if args.hf_checkpoint and args.mode != "train":
@@ -491,15 +526,24 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = _setup()
+    from .train import TrainingDiverged
+
     try:
-        result = run(args, device)
+        try:
+            result = run(args, device)
+        except (ValueError, TrainingDiverged) as exc:
+            # The user's setup or a failed training (a damaged checkpoint, a diverged loss): the
+            # same on every rank, so one line from rank 0, which `launch` reports alone
+            if dist.get_rank() == 0:
+                print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 1 if isinstance(exc, TrainingDiverged) else 2
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, result)
         if dist.get_rank() == 0:
             report = {"mode": args.mode, "results": gathered}
             print("RESULT " + json.dumps(report))
             if args.out:  # whole or not at all: `launch` trusts a file that exists
-                write_atomically(Path(args.out), json.dumps(report, indent=1))
+                safe_io.write_json(args.out, report, replace=True)
     finally:
         dist.destroy_process_group()
     return 0
@@ -523,6 +567,12 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
     if "--out" in args:
         raise ValueError("launch writes the results to its own --out file and returns them; "
                          "save the returned dict instead of passing --out")
+    try:
+        parsed = parse_args(list(args), check=False)
+    except SystemExit:  # argparse's own message: the ranks print it, as before
+        parsed = None
+    if parsed is not None:
+        check_run_arguments(parsed)  # before torchrun starts: one line, not every rank's
     with tempfile.TemporaryDirectory(prefix="train_dist_") as scratch:
         out = os.path.join(scratch, "results.json")
         cmd = torchrun_command(nproc, *args, "--out", out)
@@ -531,6 +581,10 @@ def launch(nproc: int, *args: str, timeout: float | None = None, echo: bool = Tr
             raise RuntimeError(f"{shlex.join(cmd)} timed out after {timeout:g} s and was "
                                f"stopped:\n" + "".join(lines[-30:]))
         detail = ""
+        said = [line.removeprefix("error: ").strip() for line in lines
+                if line.startswith("error: ")]
+        if returncode != 0 and said:  # rank 0 said what the user can fix: that line alone
+            raise RuntimeError(said[0])
         if returncode != 0:
             # The ranks' own exception lines say what went wrong; torchrun's summary does not.
             # (Qualified names too: a CUDA OOM is `torch.OutOfMemoryError`.) A rank that died

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -85,9 +86,11 @@ def _model():
 def test_saves_atomically_and_keeps_the_newest(tmp_path, data):
     train(_model(), data.train, SETTINGS, progress=False,
           checkpoint=Checkpointing(tmp_path, every=2, keep=2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004.pt", "step_00000006.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000004.pt", "step_00000004.pt.sha256", "step_00000006.pt",
+        "step_00000006.pt.sha256"]  # no lock file or temporary file left behind
     # a run killed while writing leaves a temporary file behind: never taken for a checkpoint
-    (tmp_path / "step_00000008.pt.tmp").write_bytes(b"half a file")
+    (tmp_path / ".step_00000008.pt.123.abcd.tmp").write_bytes(b"half a file")
     assert checkpoint.saved_steps(tmp_path) == [4, 6]
 
 
@@ -108,8 +111,8 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, data):
               resume=True)
     newest = tmp_path / "step_00000006.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated, e.g. a disk that filled up
-    with pytest.raises(CheckpointError, match=r"step_00000006.pt is not a readable checkpoint.*"
-                                              r"Delete it to resume from .*step_00000003.pt"):
+    with pytest.raises(CheckpointError, match=r"step_00000006.pt is damaged \(its contents do not "
+                                              r"match.*newest intact one is .*step_00000003.pt"):
         train(_model(), data.train, SETTINGS, progress=False,
               checkpoint=Checkpointing(tmp_path), resume=True)
 
@@ -121,3 +124,25 @@ def test_the_command_line_says_what_is_wrong(tmp_path, capsys):
     assert main(["train", "--preset", "tiny", "--steps", "2", "--checkpoint-dir",
                  str(tmp_path / "empty"), "--resume"]) == 2
     assert "no checkpoint (step_*.pt) in" in capsys.readouterr().err
+
+
+def test_a_second_run_into_a_running_runs_directory_is_refused_naming_it(tmp_path, capsys):
+    """Two `train` runs started on one --checkpoint-dir: the second is refused before it
+    starts, naming the first, whose checkpoints stay its own."""
+    first = subprocess.Popen([sys.executable, "-m", "moe_tutorial", *CLI[:3], "--steps", "100000",
+                              "--batch-size", "2", "--checkpoint-dir", "ckpt"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        lock = tmp_path / "ckpt" / ".moe-tutorial.lock"
+        for _ in range(600):  # until the first run holds its directory (data loaded, training)
+            if lock.exists() and lock.read_text():
+                break
+            assert first.poll() is None, "the first run ended early"
+            time.sleep(0.2)
+        assert main(["train", "--preset", "tiny", "--steps", "2", "--checkpoint-dir",
+                     str(tmp_path / "ckpt")]) == 2
+        err = capsys.readouterr().err
+        assert f"in use by training run (pid {first.pid} " in err and "another folder" in err
+    finally:
+        first.kill()
+        first.wait()

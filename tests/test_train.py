@@ -68,7 +68,7 @@ def test_divergence_stops_with_a_clear_message(data):
     model = MoEForCausalLM(preset("tiny"))
     with torch.no_grad():
         model.lm_head.weight[0, 0] = float("nan")
-    with pytest.raises(TrainingDiverged, match=r"step 0: loss=nan.*Lower TrainSettings.lr"):
+    with pytest.raises(TrainingDiverged, match=r"step 0: loss=nan.*Lower the learning rate \(TrainSettings.lr"):
         train(model, data.train, TrainSettings(steps=3, batch_size=4, warmup_steps=1),
               progress=False)
 

@@ -1,0 +1,747 @@
+"""What an unlucky user does to their results, checkpoints and data, one case each, across the
+command line, the Python API, the notebook runner and builder, checkpoints, data and HF
+conversion. Each case asserts the right outcome: nothing lost (the earlier file intact, no
+temporary file left), nothing silently wrong (a failed training or a DNA file is reported), and
+a refusal on one line that names the fix, never a traceback.
+
+No case trains more than a few steps of the tiny model on a handful of batches; the disk that
+fills up is simulated by making fsync or torch.save fail with ENOSPC."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from course_helpers import notebook
+
+from moe_tutorial import checkpoint, data, dist_checkpoint, safe_io, train_dist
+from moe_tutorial.__main__ import main
+from moe_tutorial.checkpoint import CheckpointError, Checkpointing
+from moe_tutorial.config import MoEConfig, preset
+from moe_tutorial.experts import ExpertMLP
+from moe_tutorial.model import MoEForCausalLM
+from moe_tutorial.routing import Router
+from moe_tutorial.train import (TrainingDiverged, TrainSettings, _settings_dict, check_learned,
+                                train)
+
+SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+class WorkStarted(Exception):
+    """The command got past its checks and started its real work."""
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading the training data ends a command-line case: a refusal must come before it."""
+    def work(*args, **kwargs):
+        raise WorkStarted
+
+    monkeypatch.setattr(data, "load_protein_data", work)
+
+
+def one_line_error(capsys, argv: list[str], *words: str, code: int = 2) -> str:
+    """`main(argv)` exits with `code` and one line `error: ...` holding every one of `words`."""
+    try:
+        result = main(argv)
+    except SystemExit as exit:
+        result = exit.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert result == code, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for word in words:
+        assert word in err[0], err[0]
+    return err[0]
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary or lock files a write left behind in `folder`."""
+    return sorted(p.name for p in Path(folder).iterdir()
+                  if p.name.endswith(".tmp") or p.name == safe_io.LOCK_NAME)
+
+
+@pytest.fixture
+def course_dir(tmp_path, monkeypatch) -> Path:
+    """A stand-in for the course's own folders: links into it must never be written through."""
+    root = tmp_path / "course"
+    for name in ("notebooks", "solutions", "moe_tutorial"):
+        (root / name).mkdir(parents=True)
+    (root / "solutions" / "01_router.ipynb").write_text("the solution")
+    monkeypatch.setattr(safe_io, "course_folders", lambda: [
+        (root / name).resolve() for name in ("notebooks", "solutions", "moe_tutorial")])
+    return root
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every fsync fails as on a full disk."""
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safe_io.os, "fsync", fsync)
+
+
+# ---------------------------------------------------------------------------------------------
+# safe_io: whole or nothing, never through a link into the course, never over a result unasked
+
+def test_a_new_result_is_written_whole_and_leaves_nothing_else(tmp_path):
+    safe_io.write_json(tmp_path / "r.json", {"loss": 1.5}, replace=False)
+    assert json.loads((tmp_path / "r.json").read_text()) == {"loss": 1.5}
+    assert leftovers(tmp_path) == []
+
+
+def test_an_earlier_result_is_not_replaced_unasked(tmp_path):
+    (tmp_path / "r.json").write_text("earlier")
+    with pytest.raises(safe_io.UnsafeWrite, match="already exists.*--replace"):
+        safe_io.write_json(tmp_path / "r.json", {}, replace=False)
+    assert (tmp_path / "r.json").read_text() == "earlier"
+
+
+def test_an_earlier_result_is_replaced_when_asked(tmp_path):
+    (tmp_path / "r.json").write_text("earlier")
+    safe_io.write_json(tmp_path / "r.json", [1], replace=True)
+    assert json.loads((tmp_path / "r.json").read_text()) == [1]
+
+
+def test_an_error_while_writing_keeps_the_earlier_file(tmp_path):
+    (tmp_path / "r.json").write_text("earlier")
+    with pytest.raises(ZeroDivisionError), safe_io.atomic_file(tmp_path / "r.json",
+                                                                replace=True) as f:
+        f.write(b"half")
+        1 / 0
+    assert (tmp_path / "r.json").read_text() == "earlier"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_full_disk_keeps_the_earlier_file_and_says_so(tmp_path, full_disk):
+    (tmp_path / "r.json").write_text("earlier")
+    with pytest.raises(safe_io.WriteFailed, match="No space left.*nothing was changed"):
+        safe_io.write_json(tmp_path / "r.json", {"new": 1}, replace=True)
+    assert (tmp_path / "r.json").read_text() == "earlier"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_folder_as_the_target_is_refused(tmp_path):
+    with pytest.raises(safe_io.UnsafeWrite, match="is a directory; give a file name"):
+        safe_io.write_json(tmp_path, {}, replace=True)
+
+
+def test_a_link_into_the_course_is_never_written_through(tmp_path, course_dir):
+    link = tmp_path / "mine.ipynb"
+    link.symlink_to(course_dir / "solutions" / "01_router.ipynb")
+    with pytest.raises(safe_io.UnsafeWrite, match="inside the course's own solutions/.*remove "
+                                                  "the link"):
+        safe_io.write_text(link, "overwritten", replace=True)
+    assert (course_dir / "solutions" / "01_router.ipynb").read_text() == "the solution"
+
+
+def test_a_link_elsewhere_is_replaced_itself_not_its_target(tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text("kept")
+    link = tmp_path / "out.json"
+    link.symlink_to(target)
+    safe_io.write_json(link, {"new": 1}, replace=True)
+    assert target.read_text() == "kept" and not link.is_symlink()
+
+
+def test_a_missing_folder_is_one_clear_error(tmp_path):
+    with pytest.raises(safe_io.WriteFailed, match="cannot be written.*choose a folder"):
+        safe_io.write_json(tmp_path / "no" / "r.json", {}, replace=False)
+
+
+def test_two_writers_never_share_a_temporary_name(tmp_path):
+    names = {safe_io.temporary_name(tmp_path / "step_00000002.pt") for _ in range(50)}
+    assert len(names) == 50
+
+
+def test_a_result_that_appears_meanwhile_is_not_overwritten(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    with pytest.raises(safe_io.UnsafeWrite, match="appeared while"):
+        with safe_io.atomic_file(path, replace=False) as f:
+            f.write(b"mine")
+            path.write_text("theirs")  # another program, between the check and the rename
+    assert path.read_text() == "theirs" and leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# One folder, one writer
+
+def test_a_second_writer_is_refused_naming_the_first(tmp_path):
+    with safe_io.hold_folder(tmp_path, "training run"):
+        with pytest.raises(safe_io.FolderBusy, match=rf"training run \(pid {os.getpid()} on "):
+            with safe_io.hold_folder(tmp_path, "build"):
+                pass
+    assert leftovers(tmp_path) == []
+
+
+def test_a_lock_file_a_crash_left_behind_is_taken_over(tmp_path):
+    (tmp_path / safe_io.LOCK_NAME).write_text(json.dumps(
+        {"what": "training run", "pid": 999999, "host": "h", "command": "x", "started": 0}))
+    with safe_io.hold_folder(tmp_path, "training run"):
+        info = json.loads((tmp_path / safe_io.LOCK_NAME).read_text())
+        assert info["pid"] == os.getpid()
+    assert leftovers(tmp_path) == []
+
+
+HOLDER = """
+import fcntl, json, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps({"what": "training run", "pid": os.getpid(), "host": "here",
+                         "command": "holder", "started": time.time()}).encode())
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def holder(tmp_path):
+    """Another process holding tmp_path/held, as a running `train` would."""
+    folder = tmp_path / "held"
+    folder.mkdir()
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder / safe_io.LOCK_NAME)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    yield folder, process
+    process.kill()
+    process.wait()
+
+
+def test_a_running_holder_in_another_process_is_named(holder):
+    folder, process = holder
+    with pytest.raises(safe_io.FolderBusy, match=rf"pid {process.pid} on here.*`holder`"):
+        safe_io.check_folder_free(folder, "training run")
+
+
+def test_a_holder_killed_mid_run_frees_the_folder(holder):
+    folder, process = holder
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    safe_io.check_folder_free(folder, "training run")  # the kernel released its lock
+
+
+def test_checking_a_missing_folder_makes_nothing(tmp_path):
+    safe_io.check_folder_free(tmp_path / "new", "training run")
+    assert not (tmp_path / "new").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: verified when read, pruned only of the run's own, refused before training
+
+def _tiny():
+    torch.manual_seed(0)
+    return MoEForCausalLM(preset("tiny"))
+
+
+def _save(directory, step: int, keep: int = 3) -> Path:
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    Checkpointing(directory, keep=keep).save(model, optimizer, step, [], {}, {})
+    return checkpoint.path_for(directory, step)
+
+
+def test_a_checkpoint_is_saved_with_its_checksum_and_nothing_else(tmp_path):
+    path = _save(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]
+    assert checkpoint.verify(path) is None
+
+
+def test_a_flipped_bit_is_damage_naming_the_newest_intact_checkpoint(tmp_path):
+    _save(tmp_path, 2)
+    newest = _save(tmp_path, 4)
+    raw = bytearray(newest.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    newest.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"step_00000004.pt is damaged.*newest intact one "
+                                              r"is .*step_00000002.pt"):
+        checkpoint.load_latest(tmp_path)
+
+
+def test_a_checkpoint_without_its_checksum_is_not_trusted(tmp_path):
+    path = _save(tmp_path, 2)
+    checkpoint.checksum_path(path).unlink()
+    with pytest.raises(CheckpointError, match="checksum file .* is missing.*start a new run"):
+        checkpoint.load_latest(tmp_path)
+
+
+def test_a_truncated_only_checkpoint_says_none_is_left(tmp_path):
+    path = _save(tmp_path, 2)
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="damaged.*no intact checkpoint is left"):
+        checkpoint.load_latest(tmp_path)
+
+
+def test_pruning_keeps_the_checkpoint_just_written_and_newer_ones(tmp_path):
+    for step in (2, 4, 6):
+        _save(tmp_path, step)
+    _save(tmp_path, 1, keep=1)
+    assert checkpoint.saved_steps(tmp_path) == [1, 2, 4, 6]
+
+
+def test_a_full_disk_while_checkpointing_leaves_the_previous_one(tmp_path, monkeypatch):
+    _save(tmp_path, 2)
+
+    def save(obj, f):
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    with pytest.raises(safe_io.WriteFailed, match="step_00000004.pt could not be written.*"
+                                                  "previous checkpoints are intact"):
+        _save(tmp_path, 4)
+    assert checkpoint.saved_steps(tmp_path) == [2] and leftovers(tmp_path) == []
+    assert checkpoint.verify(checkpoint.path_for(tmp_path, 2)) is None
+
+
+BATCHES = [(torch.randint(0, 24, (2, 16)), torch.randint(0, 24, (2, 16))) for _ in range(3)]
+FEW_STEPS = TrainSettings(steps=3, batch_size=2, warmup_steps=0, eval_every=0)
+
+
+def _refused_before_any_step(directory, resume=False, error=CheckpointError, match=""):
+    steps = []
+    with pytest.raises(error, match=match):
+        train(_tiny(), BATCHES, FEW_STEPS, progress=False, on_step=steps.append,
+              checkpoint=Checkpointing(directory), resume=resume)
+    assert steps == []
+
+
+def test_the_api_refuses_a_folder_of_another_runs_checkpoints(tmp_path):
+    _save(tmp_path, 50)
+    _refused_before_any_step(tmp_path, match=r"already holds the checkpoints of a run "
+                                             r"\(steps \[50\]\); resume it")
+    assert checkpoint.saved_steps(tmp_path) == [50]
+
+
+def test_the_api_refuses_a_folder_another_run_holds(tmp_path):
+    with safe_io.hold_folder(tmp_path, "training run"):
+        _refused_before_any_step(tmp_path, error=safe_io.FolderBusy,
+                                 match="in use by training run")
+
+
+def test_the_api_refuses_a_checkpoint_dir_that_is_a_file(tmp_path):
+    (tmp_path / "f").write_text("notes")
+    _refused_before_any_step(tmp_path / "f", match="is a file, not a directory")
+
+
+def test_the_api_refuses_a_dangling_link(tmp_path):
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    _refused_before_any_step(tmp_path / "link", match="is a link to .*gone, which does not exist")
+
+
+def test_a_run_frees_its_folder_when_it_ends(tmp_path):
+    train(_tiny(), BATCHES, FEW_STEPS, progress=False, checkpoint=Checkpointing(tmp_path))
+    assert checkpoint.saved_steps(tmp_path) == [3] and leftovers(tmp_path) == []
+    safe_io.check_folder_free(tmp_path, "training run")
+
+
+def test_a_resumed_run_into_its_own_folder_is_accepted(tmp_path):
+    train(_tiny(), BATCHES, FEW_STEPS, progress=False, checkpoint=Checkpointing(tmp_path,
+                                                                                 every=2))
+    checkpoint.path_for(tmp_path, 3).unlink()  # as if stopped after step 2
+    history = train(_tiny(), BATCHES, FEW_STEPS, progress=False,
+                    checkpoint=Checkpointing(tmp_path, every=2), resume=True)
+    assert [r["step"] for r in history] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("kind", [Checkpointing, dist_checkpoint.ShardedCheckpointing])
+@pytest.mark.parametrize("arguments, words", [
+    ({"directory": None}, "directory=None must be a folder's path"),
+    ({"directory": "runs/x", "every": "50"}, "every='50' must be an integer >= 1"),
+    ({"directory": "runs/x", "keep": 2.5}, "keep=2.5 must be an integer >= 1"),
+])
+def test_checkpointing_arguments_are_checked_as_the_flags_are(kind, arguments, words):
+    if kind is dist_checkpoint.ShardedCheckpointing:
+        arguments = {**arguments, "layout": None}
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        kind(**arguments)
+
+
+def test_sharded_checkpointing_refuses_another_runs_folder(tmp_path):
+    (tmp_path / "step_00000006").mkdir()
+    with pytest.raises(CheckpointError, match=r"steps \[6\]"):
+        with dist_checkpoint.ShardedCheckpointing(tmp_path, None).hold(resume=False):
+            pass
+
+
+@SINGLE_PROCESS
+def test_a_damaged_shard_is_damage_naming_the_file_and_the_intact_one(tmp_path):
+    model = MoEForCausalLM(preset("tiny"))
+    optimizer = torch.optim.AdamW(model.parameters())
+    dist_checkpoint.save(model, optimizer, tmp_path, step=1)
+    newest = dist_checkpoint.save(model, optimizer, tmp_path, step=2)
+    shard = next(newest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-10])  # truncated
+    with pytest.raises(CheckpointError, match=rf"step_00000002 is damaged \(.*{shard.name} does "
+                                              rf"not match.*newest intact one is "
+                                              rf".*step_00000001"):
+        dist_checkpoint.load(model, optimizer, tmp_path)
+
+
+@SINGLE_PROCESS
+def test_sharded_pruning_keeps_the_checkpoint_just_written(tmp_path):
+    (tmp_path / "step_00000005").mkdir()  # another run's, newer
+    (tmp_path / "step_00000005" / "meta.json").write_text("{}")
+    model = MoEForCausalLM(preset("tiny"))
+    optimizer = torch.optim.AdamW(model.parameters())
+    dist_checkpoint.save(model, optimizer, tmp_path, step=1, keep=1)
+    assert dist_checkpoint.complete_steps(tmp_path) == [1, 5]
+
+
+# ---------------------------------------------------------------------------------------------
+# A failed training is a failure
+
+def _history(*losses, val=None):
+    records = [{"step": i + 1, "loss": loss} for i, loss in enumerate(losses)]
+    if val is not None:
+        records[-1]["val_loss"] = val
+    return records
+
+
+def test_a_loss_that_rose_is_divergence_naming_step_loss_and_fix():
+    with pytest.raises(TrainingDiverged, match=r"step 4: the training loss .* ended at 9.000 "
+                                               r"nats, worse than at the start \(3.000\).*"
+                                               r"Lower the learning rate .*try 0.1"):
+        check_learned(_history(3.0, 5.0, 8.0, 9.0), None, 1.0)
+
+
+def test_a_validation_loss_above_the_uniform_guess_is_divergence():
+    with pytest.raises(TrainingDiverged, match=r"validation loss ended at 4.000.*guessing "
+                                               rf"uniformly \(ln 24 = {math.log(24):.3f}\)"):
+        check_learned(_history(2.0, 1.9, val=4.0), 24, 1e-3)
+
+
+def test_a_loss_within_the_noise_of_its_start_is_not_divergence():
+    check_learned(_history(3.20, 3.21, 3.22), 24, 1e-3)
+
+
+def test_a_loss_that_fell_is_not_divergence():
+    check_learned(_history(3.2, 2.9, 2.5), 24, 1e-3)
+
+
+def test_a_huge_learning_rate_in_the_api_is_divergence_with_its_history():
+    settings = TrainSettings(steps=3, batch_size=2, warmup_steps=0, eval_every=0, lr=1e4)
+    with pytest.raises(TrainingDiverged, match="training diverged") as raised:
+        train(_tiny(), BATCHES, settings, progress=False)
+    assert all("loss" in r for r in raised.value.history)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+def test_validate_keeps_an_earlier_report(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "report.json").write_text("an earlier B200 report")
+    one_line_error(capsys, ["validate"], "report.json already exists", "--replace")
+    assert (tmp_path / "report.json").read_text() == "an earlier B200 report"
+
+
+def test_validate_out_that_is_a_folder_is_refused(capsys, tmp_path):
+    one_line_error(capsys, ["validate", "--out", str(tmp_path)], "is a directory")
+
+
+def test_train_json_through_a_link_into_the_course_is_refused(capsys, tmp_path, course_dir,
+                                                              no_work):
+    link = tmp_path / "result.json"
+    link.symlink_to(course_dir / "solutions" / "01_router.ipynb")
+    one_line_error(capsys, ["train", "--json", str(link), "--replace"], "solutions/",
+                   "remove the link")
+    assert (course_dir / "solutions" / "01_router.ipynb").read_text() == "the solution"
+
+
+def test_analyze_json_into_a_linked_course_folder_is_refused(capsys, tmp_path, course_dir):
+    link = tmp_path / "results"
+    link.symlink_to(course_dir / "notebooks")
+    one_line_error(capsys, ["analyze", "tiny", "--json", str(link / "x.json")],
+                   "leads through a link", "notebooks/")
+    assert list((course_dir / "notebooks").iterdir()) == []
+
+
+def test_train_checkpoint_dir_dangling_link_is_refused_before_training(capsys, tmp_path,
+                                                                      no_work):
+    (tmp_path / "ckpt").symlink_to(tmp_path / "mounted-disk")
+    one_line_error(capsys, ["train", "--checkpoint-dir", str(tmp_path / "ckpt")],
+                   "does not exist", "create that folder")
+
+
+def test_train_into_a_held_checkpoint_dir_names_the_holder(capsys, holder, no_work):
+    folder, process = holder
+    one_line_error(capsys, ["train", "--checkpoint-dir", str(folder)], f"pid {process.pid}",
+                   "another folder")
+
+
+def test_analyze_json_on_a_full_disk_keeps_the_earlier_report(capsys, tmp_path, full_disk):
+    earlier = tmp_path / "a.json"
+    earlier.write_text("earlier")
+    code = main(["analyze", "tiny", "--no-sweep", "--json", str(earlier), "--replace"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "No space left" in err[0], err
+    assert earlier.read_text() == "earlier" and leftovers(tmp_path) == []
+
+
+def test_bench_merge_on_a_full_disk_keeps_the_earlier_merge(capsys, tmp_path, full_disk):
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"environment": {"torch": "2.13"}, "results": []}))
+    earlier = tmp_path / "merged.json"
+    earlier.write_text("earlier")
+    code = main(["bench", "--merge", str(part), "--out", str(earlier), "--replace"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "nothing was changed" in err[0], err
+    assert earlier.read_text() == "earlier" and leftovers(tmp_path) == []
+
+
+def test_train_lr_that_diverges_is_one_line_and_exit_1(capsys, monkeypatch):
+    def diverging(*args, **kwargs):
+        raise TrainingDiverged("step 3: loss=nan — training diverged (lr=1e+06). Lower the "
+                               "learning rate")
+
+    monkeypatch.setattr("moe_tutorial.train.train", diverging)
+    monkeypatch.setattr(data, "load_protein_data", lambda *a, **k: data.ProteinData(
+        train=torch.randint(3, 23, (8, 65)), val=torch.randint(3, 23, (4, 65)),
+        tokenizer=data.ProteinTokenizer(), num_sequences=8, unigram_nats=3.0, source=None))
+    one_line_error(capsys, ["train", "--preset", "tiny", "--steps", "3", "--batch-size", "2",
+                            "--lr", "1e6"], "step 3", "Lower the learning rate", code=1)
+
+
+def test_train_dist_resume_with_another_lr_is_one_line_before_any_rank(capsys, tmp_path):
+    step = tmp_path / "step_00000004"
+    step.mkdir()
+    args = train_dist.parse_args(["--mode", "train", "--checkpoint-dir", str(tmp_path)],
+                                 check=False)
+    saved = _settings_dict(train_dist.train_settings(args))
+    (step / "meta.json").write_text(json.dumps({"format": dist_checkpoint.FORMAT,
+                                                "run": {"settings": saved}}))
+    with pytest.raises(SystemExit) as exit:
+        train_dist.parse_args(["--mode", "train", "--checkpoint-dir", str(tmp_path),
+                               "--resume", "--lr", "0.01"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(err) == 1, err
+    assert "lr: checkpoint 0.003, now 0.01" in err[0]
+
+
+def test_train_dist_launch_refuses_a_held_folder_before_torchrun(holder):
+    folder, process = holder
+    with pytest.raises(safe_io.FolderBusy, match=f"pid {process.pid}"):
+        train_dist.launch(2, "--mode", "train", "--checkpoint-dir", str(folder))
+
+
+def test_launch_reports_a_ranks_one_line_error_alone(monkeypatch):
+    said = ("import sys; print('[rank1]: Traceback (most recent call last):'); "
+            "print('error: step 3: the training loss ended at 9.000 nats', file=sys.stderr); "
+            "sys.exit(1)")
+    monkeypatch.setattr(train_dist, "torchrun_command",
+                        lambda nproc, *args: [sys.executable, "-c", said])
+    with pytest.raises(RuntimeError, match=r"^step 3: the training loss ended at 9.000 nats$"):
+        train_dist.launch(2, "--mode", "check", echo=False)
+
+
+def test_train_dist_without_resume_refuses_another_runs_folder(capsys, tmp_path):
+    (tmp_path / "step_00000002").mkdir()
+    with pytest.raises(SystemExit):
+        train_dist.parse_args(["--mode", "train", "--checkpoint-dir", str(tmp_path)])
+    assert "already holds the checkpoints" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebooks' builder and runner
+
+SOLUTION = ("def double(x):\n    ### BEGIN SOLUTION\n    ### HINT: multiply by two\n"
+            "    return 2 * x\n    ### END SOLUTION\n")
+
+
+def _solutions(tmp_path) -> Path:
+    solutions = tmp_path / "solutions"
+    solutions.mkdir()
+    notebook(solutions / "01_router.ipynb", SOLUTION)
+    return solutions
+
+
+def test_build_replace_never_writes_through_a_link_to_a_solution(capsys, tmp_path):
+    solutions = _solutions(tmp_path)
+    exercises = tmp_path / "exercises"
+    exercises.mkdir()
+    before = (solutions / "01_router.ipynb").read_text()
+    (exercises / "01_router.ipynb").symlink_to(solutions / "01_router.ipynb")
+    assert main(["build", "--solutions", str(solutions), "--exercises", str(exercises),
+                 "--replace"]) == 1
+    assert "is a link to" in capsys.readouterr().err
+    assert (solutions / "01_router.ipynb").read_text() == before
+
+
+def test_build_never_writes_through_a_link_outside_the_course(capsys, tmp_path):
+    solutions = _solutions(tmp_path)
+    exercises = tmp_path / "exercises"
+    exercises.mkdir()
+    mine = tmp_path / "my_notes.ipynb"
+    mine.write_text("my notes")
+    (exercises / "01_router.ipynb").symlink_to(mine)
+    assert main(["build", "--solutions", str(solutions), "--exercises", str(exercises)]) == 1
+    assert mine.read_text() == "my notes"
+
+
+def test_build_check_reports_a_link(capsys, tmp_path):
+    solutions = _solutions(tmp_path)
+    (tmp_path / "exercises").mkdir()
+    (tmp_path / "exercises" / "01_router.ipynb").symlink_to(tmp_path / "gone.ipynb")
+    assert main(["build", "--check", "--solutions", str(solutions), "--exercises",
+                 str(tmp_path / "exercises")]) == 1
+    assert "remove the link" in capsys.readouterr().err
+
+
+def test_build_leaves_no_temporary_files(tmp_path):
+    solutions = _solutions(tmp_path)
+    assert main(["build", "--solutions", str(solutions), "--exercises",
+                 str(tmp_path / "exercises")]) == 0
+    assert sorted(p.name for p in (tmp_path / "exercises").iterdir()) == ["01_router.ipynb"]
+
+
+def test_build_into_a_path_under_a_file_is_one_line(capsys, tmp_path):
+    solutions = _solutions(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    assert main(["build", "--solutions", str(solutions), "--exercises",
+                 str(tmp_path / "afile" / "exercises")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be made" in err[0], err
+
+
+def test_build_on_a_full_disk_is_one_line_and_writes_nothing(capsys, tmp_path, full_disk):
+    solutions = _solutions(tmp_path)
+    assert main(["build", "--solutions", str(solutions), "--exercises",
+                 str(tmp_path / "exercises")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No space left" in err[0], err
+    assert list((tmp_path / "exercises").iterdir()) == []
+
+
+def test_a_build_while_another_holds_the_exercises_is_refused_naming_it(capsys, tmp_path):
+    solutions = _solutions(tmp_path)
+    with safe_io.hold_folder(tmp_path / "exercises", "exercise build"):
+        assert main(["build", "--solutions", str(solutions), "--exercises",
+                     str(tmp_path / "exercises")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"exercise build (pid {os.getpid()}" in err[0], err
+    assert not (tmp_path / "exercises" / "01_router.ipynb").exists()
+
+
+def test_run_out_through_a_link_to_the_notebooks_is_refused(capsys, fake_checkout,
+                                                            fast_papermill):
+    (fake_checkout / "runs").mkdir()
+    (fake_checkout / "runs" / "mine").symlink_to(fake_checkout / "notebooks")
+    before = sorted(p.name for p in (fake_checkout / "notebooks").iterdir())
+    assert main(["run", "--out", "runs/mine"]) == 2
+    assert "course's own notebooks/" in capsys.readouterr().err
+    assert sorted(p.name for p in (fake_checkout / "notebooks").iterdir()) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+def _fasta(tmp_path, raw: bytes) -> Path:
+    path = tmp_path / "x.fa"
+    path.write_bytes(raw)
+    return path
+
+
+def test_old_mac_line_ends_read_as_records(tmp_path):
+    path = _fasta(tmp_path, b">a\rMKVL\rAST\r>b\rWWY\r")
+    assert data.load_sequences(path) == ["MKVLAST", "WWY"]
+
+
+def test_mixed_line_ends_read_as_records(tmp_path):
+    path = _fasta(tmp_path, b">a\r\nMKV\n>b\rLLA\r\n")
+    assert data.load_sequences(path) == ["MKV", "LLA"]
+
+
+def test_a_header_without_sequence_names_its_line_under_cr_line_ends(tmp_path):
+    path = _fasta(tmp_path, b">a\rMKV\r>b\r>c\rLL\r")
+    with pytest.raises(data.FastaFormatError, match=r"line 3: header '>b' has no sequence"):
+        data.load_sequences(path)
+
+
+def test_an_rna_file_is_refused_as_rna(tmp_path):
+    path = _fasta(tmp_path, b">r\nAUGGCUACGUAGCUAGCUAGGCAUCG\n")
+    with pytest.raises(data.FastaFormatError, match="looks like RNA.*translate it"):
+        data.load_sequences(path)
+
+
+def test_a_lower_case_dna_file_is_refused(tmp_path):
+    path = _fasta(tmp_path, b">d\nacgtacgtnnacgtagctagctagc\n>e\nacgtagcatcg\n")
+    with pytest.raises(data.FastaFormatError, match="looks like DNA"):
+        data.load_sequences(path)
+
+
+def test_a_glycine_alanine_rich_protein_is_still_protein(tmp_path):
+    path = _fasta(tmp_path, b">collagen\nGPPGAPGPAGAPGPPGAPGPAGAPGKDG\n")
+    assert data.load_sequences(path) == ["GPPGAPGPAGAPGPPGAPGPAGAPGKDG"]
+
+
+def test_a_few_residues_are_too_few_to_call_nucleotides(tmp_path):
+    assert data.load_sequences(_fasta(tmp_path, b">p\nACGT\n")) == ["ACGT"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Dtypes at the experts and the router
+
+def _routed(dtype):
+    hidden = torch.randn(6, 16, dtype=dtype)
+    return hidden, torch.randint(0, 4, (6, 2)), torch.rand(6, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_other_input_dtypes_to_fp32_experts_name_the_cast(dtype):
+    with pytest.raises(ValueError, match=rf"experts got input in {dtype} but its weights are "
+                                         r"torch.float32: cast the input"):
+        ExpertMLP(4, 16, 32)(*_routed(dtype))
+
+
+def test_bf16_input_to_an_fp32_softmax_router_names_the_cast():
+    with pytest.raises(ValueError, match="router got input in torch.bfloat16"):
+        Router(16, 4, 2)(torch.randn(6, 16, dtype=torch.bfloat16))
+
+
+def test_bf16_experts_take_bf16_input():
+    out = ExpertMLP(4, 16, 32).to(torch.bfloat16)(*_routed(torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and out.shape == (6, 16)
+
+
+def test_a_sigmoid_router_takes_bf16_input():
+    router = Router(16, 4, 2, scoring="sigmoid")
+    assert router(torch.randn(6, 16, dtype=torch.bfloat16)).indices.shape == (6, 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# HF conversion: exact or refused by name
+
+def test_an_unknown_family_is_refused_by_name():
+    transformers = pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match="model_type='llama' is not a family"):
+        MoEConfig.from_hf_config(transformers.LlamaConfig())
+
+
+def test_a_field_the_model_cannot_compute_is_named_as_hf_spells_it():
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.MixtralConfig(num_hidden_layers=1, hidden_act="gelu")
+    with pytest.raises(ValueError, match="hidden_act"):
+        MoEConfig.from_hf_config(hf)
+
+
+@pytest.mark.parametrize("name", ["MixtralConfig", "Qwen3MoeConfig"])
+def test_a_familys_default_config_converts_unchanged(name):
+    transformers = pytest.importorskip("transformers")
+    hf = getattr(transformers, name)()
+    config = MoEConfig.from_hf_config(hf)
+    assert (config.hidden_size, config.num_experts) == (hf.hidden_size, hf.num_local_experts
+                                                        if name == "MixtralConfig" else
+                                                        hf.num_experts)
+
+
+def test_deepseek_v3s_default_block_converts_unchanged():
+    transformers = pytest.importorskip("transformers")
+    config = MoEConfig.from_hf_config(transformers.DeepseekV3Config(), moe_block_only=True)
+    assert config.num_experts == transformers.DeepseekV3Config().n_routed_experts

@@ -27,11 +27,16 @@ gradients summed over all ranks, expert gradients over their dp group only (ever
 group already accumulated its experts' gradients from all the tokens that visited them), both
 divided by the world size. Works with NCCL on GPUs and gloo on CPUs.
 
-Transformer Engine 2.20.2 has no expert-parallel dispatch of its own (its `te.ops` communicate
-by all-gather, reduce-scatter and all-reduce only: `transformer_engine/pytorch/ops/basic/`), so
-the token exchange is torch.distributed's all-to-all. The dispatch and combine ops announced for
-TE 2.21 (`MoeDispatch` / `MoeCombine`) would take the place of steps 1–3 and 5 of
-`AllToAllDispatcher.forward`.
+The token exchange here is torch.distributed's all-to-all, written out so that every step can be
+read. Transformer Engine 2.20.2 also ships an expert-parallel dispatch of its own,
+`transformer_engine.pytorch.ep` (`ep_bootstrap`, `ep_dispatch`, `ep_combine`: `ep.py:102`,
+`:1010`, `:1080` of the 2.20.2 wheel), built on NCCL's EP kernels: it needs NCCL >= 2.30.4
+(`ep.py:48-49`), an `ep_group` of at least two ranks (`ep.py:139-140`) and bfloat16 tokens
+(MXFP8 applied inside, `ep.py:884-891`). It would take the place of steps 1–3 and 5 of
+`AllToAllDispatcher.forward`; the course keeps the plain all-to-all, which runs on any NCCL
+and on gloo. The `te.ops` fusible ops themselves communicate by all-gather, reduce-scatter and
+all-reduce only (`transformer_engine/pytorch/ops/basic/`); 2.20.2 has no `MoeDispatch` /
+`MoeCombine` op.
 """
 
 from __future__ import annotations

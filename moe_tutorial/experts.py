@@ -14,13 +14,18 @@ model switches backend (`experts.backend = "grouped_torch"`) without copying a w
   experts algorithm, step for step: correct, simple, and launch-bound (2 GEMMs + gathers per
   expert, many tiny kernels).
 * `grouped_torch` — sort the token copies by expert once (`routing.permute`), then one grouped
-  GEMM per projection over all experts (`torch._grouped_mm`, CUTLASS on sm_80+ GPUs), and one
-  gather back (`routing.unpermute`).
+  GEMM per projection over all experts (`torch._grouped_mm`), and one gather back
+  (`routing.unpermute`). torch runs it as one CUTLASS kernel only in bf16 on compute capability
+  9.x and 10.x (Hopper, B200/B300); on other GPUs (8.x, 11.x, 12.x) and for fp16/fp32 it copies
+  the offsets to the host and loops over the experts (`hardware.evaluate` cites the source).
 * `te_permute_grouped_mm` — the same two `torch._grouped_mm` GEMMs on the same weights, fed by
   TE's fused permutation kernels (`moe_permute_and_pad_with_probs` / `moe_unpermute`, as the TE
   backends below use) where TE runs, `routing.permute` where it does not. Its offsets stay on
-  the GPU, so the GEMMs need no host sync, and it has no per-expert Python: for many small
-  experts that makes it the fastest bf16 path measured on the H200 (`default_backend`).
+  the GPU, so where torch's CUTLASS kernel runs (bf16, compute capability 9.x/10.x) the GEMMs
+  need no host sync, and it has no per-expert Python: for many small experts that makes it the
+  fastest bf16 path measured on the H200 (`default_backend`). TE's permutation itself waits for
+  the GPU to size its buffer (`torch.equal`, `.item()`: transformer_engine/pytorch/
+  permutation.py:1014, :1024 in TE 2.20.2).
 
 Two more backends run Transformer Engine. They keep the weights in TE's own per-expert
 parameters (`weight0 .. weight{E-1}`), so switching to them converts the weights (both ways:
@@ -556,8 +561,11 @@ class _TEExperts(nn.Module):
 
 class TEGroupedLinearExperts(_TEExperts):
     """Backend `te_grouped_linear`: two `te.GroupedLinear`, SwiGLU between them, routing weights
-    applied when the expert outputs are merged (as the BioNeMo Mixtral recipe's
-    "grouped_linear" mode does)."""
+    applied when the expert outputs are merged (`moe_unpermute`'s merging probabilities). The
+    BioNeMo Mixtral recipe's "grouped_linear" mode applies them one step earlier, to the down
+    projection's output in its dtype (`out * probs.to(out.dtype)` in
+    `NVMixtralSparseMoeBlock._expert_ffn`, recipes/mixtral_native_te/modeling_mixtral_te.py,
+    NVIDIA-BioNeMo/bionemo-recipes@e05e81a): the same sum, rounded differently."""
 
     backend = "te_grouped_linear"
 
@@ -722,13 +730,17 @@ CUTLASS_GROUPED_GEMM_ENV = "NVTE_USE_CUTLASS_GROUPED_GEMM"
 
 @contextlib.contextmanager
 def cutlass_grouped_gemm() -> Iterator[None]:
-    """Inside this block, TE's bf16 grouped GEMMs on Hopper run as one CUTLASS grouped kernel
+    """Inside this block, TE's bf16 grouped GEMMs on Hopper may run as one CUTLASS grouped kernel
     instead of one cuBLAS GEMM per expert spread over several CUDA streams.
 
-    TE 2.20 reads `NVTE_USE_CUTLASS_GROUPED_GEMM` at every grouped GEMM call, so the forward
-    and the backward pass must both run inside the block. It helps many small experts and
-    costs a little on few large ones (the `+cutlass` rows of benchmarks/results/h200.json), which
-    is why nothing here turns it on. TE ignores it for FP8 and off Hopper."""
+    TE reads `NVTE_USE_CUTLASS_GROUPED_GEMM` at every grouped GEMM call
+    (`nvte_multi_tensor_gemm`, transformer_engine/common/gemm/cublaslt_gemm.cu, TE main@d0067d0,
+    2.20.0.dev0), so the forward and the backward pass must both run inside the block. It takes
+    the CUTLASS kernel only on compute capability 9.0, for bf16/fp16 GEMMs without bias or GELU
+    epilogue whose K is the same for every expert and a multiple of 128; any other GEMM stays on
+    cuBLAS. The weight-gradient GEMMs, whose K is each expert's row count, therefore usually stay
+    on cuBLAS. It helps many small experts and costs a little on few large ones (the `+cutlass`
+    rows of benchmarks/results/h200.json), which is why nothing here turns it on."""
     previous = os.environ.get(CUTLASS_GROUPED_GEMM_ENV)
     os.environ[CUTLASS_GROUPED_GEMM_ENV] = "1"
     try:

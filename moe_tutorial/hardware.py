@@ -244,12 +244,22 @@ def evaluate(env: Environment) -> Capabilities:
     def put(key, status, runs, reason=""):
         out[key] = Feature(key, FEATURES[key], status, runs, reason)
 
-    # Grouped GEMM: CUTLASS kernels on sm_90/sm_100 (and sm_80+ from torch 2.9); a loop elsewhere.
+    # Grouped GEMM: torch's CUTLASS kernel runs bf16 on compute capability 9.x and 10.x only
+    # (aten/src/ATen/native/cuda/GroupedBlas.cpp, `_grouped_mm_cuda`: `use_fast_path =
+    # _scaled_mm_allowed_device(sm90_only, sm100_only) && a_b_and_out_are_bf16`, major == 9 or 10;
+    # pytorch/pytorch@00d4eaf). Every other GPU, and fp16/fp32 everywhere, takes
+    # `_grouped_mm_fallback`: the offsets copied to the host, then one matmul per expert
+    # (torch/include/ATen/native/GroupedMMUtils.h:124-173 in torch 2.13.0).
     if not env.has_grouped_mm:
         put("grouped_mm", FALLBACK, "per-expert matmul loop over sorted tokens",
             f"torch {env.torch_version} has no torch._grouped_mm (needs torch >= 2.8)")
+    elif gpu and cc[0] in (9, 10):
+        put("grouped_mm", NATIVE, "torch._grouped_mm (one CUTLASS grouped GEMM, bf16)")
     elif gpu and cc >= (8, 0):
-        put("grouped_mm", NATIVE, "torch._grouped_mm (CUTLASS grouped GEMM)")
+        put("grouped_mm", FALLBACK, "torch._grouped_mm's own loop: the offsets copied to the host "
+            "(a sync), then one matmul per expert",
+            f"torch._grouped_mm's CUTLASS kernel runs on compute capability 9.x and 10.x only; "
+            f"this GPU is {cc[0]}.{cc[1]}")
     elif gpu:
         put("grouped_mm", FALLBACK, "per-expert matmul loop over sorted tokens",
             f"torch._grouped_mm needs compute capability >= 8.0; this GPU is {cc[0]}.{cc[1]}")

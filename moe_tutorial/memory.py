@@ -160,9 +160,11 @@ def fp8_weight_copy_bytes(recipe: str, arch: str, module: str) -> float:
     linear.py, `wt_save = weightmat`). module "ops" (te.ops.GroupedLinear): the saved copy keeps
     only the columnwise data (ops/basic/grouped_linear.py, `_fuser_forward_split_quantize`:
     `w.update_usage(rowwise_usage=False, columnwise_usage=True)`). That is the split-quantize
-    path, the one TE takes with cuBLASLt older than 13.3 (CUDA 13.0, the course's bundle) and
-    for DelayedScaling always (`is_op_fuser_grouped_tensor_path_supported`); the grouped-tensor
-    path of newer cuBLASLt keeps both copies, as te.GroupedLinear does."""
+    path, the one TE takes for DelayedScaling always and, on Hopper, for FP8 current scaling with
+    cuBLASLt older than 13.5 and for block scaling older than 13.6 (cuBLASLt 13.0 of CUDA 13.0,
+    the course's bundle: `is_op_fuser_grouped_tensor_path_supported`, ops/basic/grouped_linear.py:
+    74-132 in TE 2.20.2; MXFP8 and NVFP4 take the grouped path on Blackwell with cuBLASLt >= 13.3);
+    the grouped-tensor path keeps both copies, as te.GroupedLinear does."""
     both = module in ("grouped_linear", "linear")
     return fp8_bytes_per_value(recipe, arch, rowwise=both, columnwise=True, weight=True)
 

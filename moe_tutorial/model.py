@@ -692,9 +692,11 @@ def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
     if backend == "te_ops" and choice.name == "Float8BlockScaling" and cc[0] == 9:
         raise ValueError(
             "te.ops GroupedLinear with Float8BlockScaling finds no cuBLAS GEMM algorithm on "
-            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20, rows padded to 16 "
-            "or 128: benchmarks/results/h200_block_scaling_alignment.json): use the "
-            "te_grouped_linear backend for block scaling, or precision 'fp8' with te_ops")
+            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20 with CUDA 13.0's "
+            "cuBLASLt, rows padded to 16 or 128: benchmarks/results/"
+            "h200_block_scaling_alignment.json; TE moves Hopper's block scaling to its grouped "
+            "GEMM path only from cuBLASLt 13.6): use the te_grouped_linear backend, whose "
+            "block-scaled GEMMs run there, or precision 'fp8' with te_ops")
 
 
 def _check_is_causal_lm(hf_model) -> None:

@@ -73,6 +73,17 @@ def test_old_gpu_and_old_torch():
     assert "no torch._grouped_mm" in caps["grouped_mm"].reason
 
 
+def test_grouped_mm_is_one_kernel_on_compute_capability_9_and_10_only():
+    """torch's `_grouped_mm_cuda` takes its CUTLASS kernel for major 9 or 10 only; an A100 (8.0)
+    or an RTX-class Blackwell (12.0) loops over the experts after copying the offsets to the host."""
+    for kind, cc in (("hopper", (9, 0)), ("blackwell", (10, 0))):
+        assert evaluate(fake_environment(kind, compute_capability=cc)).is_native("grouped_mm")
+    for kind, cc in (("hopper", (8, 0)), ("hopper", (8, 9)), ("rtx_blackwell", (12, 0))):
+        feature = evaluate(fake_environment(kind, compute_capability=cc))["grouped_mm"]
+        assert feature.status == FALLBACK and "9.x and 10.x" in feature.reason
+        assert f"{cc[0]}.{cc[1]}" in feature.reason and "host" in feature.runs
+
+
 def test_unknown_fake_kind():
     with pytest.raises(ValueError, match="cpu, hopper, blackwell or rtx_blackwell"):
         fake_environment("tpu")

@@ -80,7 +80,11 @@ FAMILIES: dict[str, Family] = {
                          "norm_topk_prob": "norm_topk_prob", "qkv_bias": "qkv_bias",
                          "shared_expert_intermediate_size": "shared_expert_intermediate_size"},
         fixed={"shared_expert_gate": True}, reads_head_dim=True),
-    # HF's DeepSeek-V3 loss has no load-balancing term: the correction bias balances instead.
+    # transformers' DeepSeek-V3 has no load-balancing loss and never moves its correction bias
+    # (modeling_deepseek_v3.py:130, :690 in transformers 5.25.0); the technical report moves the
+    # bias between steps and adds a small sequence-wise loss (arXiv:2412.19437, §2.1.2, §4.2).
+    # Converted as transformers has it: no loss term (aux_loss_coef 0) and no bias update
+    # (router_bias_update_rate 0, MoEConfig's default).
     "deepseek_v3": Family(
         "DeepseekV3ForCausalLM", "DeepseekV3Config",
         COMMON_FIELDS | {"intermediate_size": "moe_intermediate_size",

@@ -1,6 +1,9 @@
 """The Hugging Face baseline: transformers' `MixtralForCausalLM` with the same weights as ours.
 
-transformers 5 ships three ways to run Mixtral's experts; a fair comparison names which one ran:
+transformers 5 runs Mixtral's experts by one of several implementations: `eager` (the module's
+own loop) and those registered in `ExpertsInterface` — `grouped_mm`, `batched_mm`, `deepgemm`
+and `sonicmoe` in 5.17 to 5.25 (transformers/integrations/moe.py:543-548 in 5.25.0). A fair
+comparison names which one ran. The course compares with two of them, and with one compiled:
 
 * `eager` — a Python loop over the experts that received tokens (what `experts.naive_experts`
   reproduces step for step): the naive baseline;
@@ -8,6 +11,10 @@ transformers 5 ships three ways to run Mixtral's experts; a fair comparison name
   available): the strong baseline;
 * and `grouped_mm` under `torch.compile`, the strongest (the recipe's own comparison point):
   `compile_for_training`.
+
+(`batched_mm` runs a batched matmul over a copy of its expert's weights for every token copy;
+`deepgemm` and `sonicmoe` load kernels from the Hub through the `kernels` package:
+integrations/deepgemm.py:15-23, integrations/sonicmoe.py:15-18.)
 
 Attention is `sdpa` in every case, the optimizer torch's fused AdamW.
 """

@@ -8,7 +8,11 @@ the top-k experts of each token and their weights, by one of two rules:
 * `route_sigmoid` (DeepSeek-V3): independent sigmoid scores; a per-expert correction bias is
   added for *choosing* the experts only (`group_limited_top_k`: within each token's best groups
   of experts), while the weights are the unbiased scores, renormalised and scaled. Training moves
-  the bias towards balance (`update_correction_bias`) instead of adding a balancing loss.
+  the bias towards balance (`update_correction_bias`). DeepSeek-V3's technical report
+  (arXiv:2412.19437, §2.1.2 and §4.2) does that and keeps a small sequence-wise balance loss
+  beside it (α = 0.0001), which this package does not implement; transformers' DeepSeek-V3 does
+  neither (nothing updates its `e_score_correction_bias`, and its loss is the language-modelling
+  loss alone: `modeling_deepseek_v3.py:130`, `:690` in transformers 5.25.0).
 
 Experts are fast when each one sees its tokens as one contiguous block of rows. `permute`
 sorts the T x k token copies by expert, so expert e owns rows
@@ -129,7 +133,8 @@ def update_correction_bias(bias: torch.Tensor, tokens_per_expert: torch.Tensor,
                            rate: float) -> None:
     """DeepSeek-V3's auxiliary-loss-free balancing, in place: bias += rate * sign(mean load -
     load). An overloaded expert's bias drops, so fewer tokens choose it next step, an idle
-    expert's rises, and no loss term pulls the model away from its language-modelling objective.
+    expert's rises, with no gradient through a balancing loss (the report keeps only a small
+    sequence-wise one beside it, α = 0.0001: arXiv:2412.19437, §2.1.2, §4.2).
     """
     load = tokens_per_expert.float()
     bias.add_(torch.sign(load.mean() - load), alpha=rate)

@@ -4,7 +4,8 @@
 (the same, renormalised only with norm_topk_prob), Qwen2-MoE (plus one shared expert scaled by
 sigmoid(shared_expert_gate(x))) and DeepSeek-V3 (`route_sigmoid`: sigmoid scores, a correction
 bias used only to choose, group-limited top-k, unbiased weights times routed_scaling_factor,
-ungated shared experts, no balancing loss). The published values it quotes (`PUBLISHED`) are the
+ungated shared experts; balanced, in its technical report, by moving the bias between steps plus a
+small sequence-wise loss, neither of which transformers' DeepseekV3 does). The published values it quotes (`PUBLISHED`) are the
 shipped configs' (moe_tutorial/configs; tests/test_figures.py checks them).
 
     python notebooks/figures/moe_families.py
@@ -37,7 +38,8 @@ DESC = ("Four panels. Mixtral: softmax over the experts, the top-k, their weight
         "every token passes through, scaled by a sigmoid gate. DeepSeek-V3: sigmoid scores, a "
         "correction bias added only to choose the experts, the top-k within the best groups of "
         "experts, the unbiased scores as weights times a routed scaling factor, an ungated shared "
-        "expert, and no balancing loss.")
+        "expert; the technical report balances it by moving the bias between steps and by a "
+        "small sequence-wise loss, and transformers does neither.")
 
 # Published values quoted in the panels: the shipped configs (moe_tutorial/configs), as the
 # package reads them (MoEConfig.from_hf_config); tests/test_figures.py compares.
@@ -97,7 +99,8 @@ PANELS = [
      [f"published: top-{DS['top_k']} of {DS['num_experts']} experts in {DS['n_group']} groups,",
       (f"best {DS['topk_group']}; scaling {DS['routed_scaling_factor']:g}; "
        f"{DS['n_shared_experts']} shared expert"),
-      "balancing: no loss term; the bias is moved", "towards balance between steps"]),
+      "balancing (the report): the bias moved", "between steps + a sequence-wise loss",
+      "(α = 1e-4); transformers does neither"]),
 ]
 FOOTNOTE = [
     ("Every expert is a SwiGLU MLP, down(silu(gate(x)) · up(x)); the routed ones run in the "

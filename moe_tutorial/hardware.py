@@ -28,10 +28,14 @@ import torch
 
 NATIVE, FALLBACK, UNAVAILABLE = "native", "fallback", "unavailable"
 
-# The environment variable that enables the fused CuTe-DSL grouped MLP. TE 2.20 reads it in
-# `GroupedMLP_CuTeGEMMGLU.is_supported()`, an lru_cached classmethod that the module
-# `ops/fused/grouped_mlp.py` calls once when `transformer_engine.pytorch` is imported, to decide
-# whether to register the fusion at all: set it before that import; later changes are not seen.
+# The environment variable that enables the fused CuTe-DSL grouped MLP. TE 2.20.2 reads it in
+# `GroupedMLP_CuTeGEMMGLU.is_supported()` (ops/fused/grouped_mlp.py:1076-1093), an lru_cached
+# classmethod that the module calls once when `transformer_engine.pytorch` is imported, to
+# decide whether to register the fusion (:2894-2895). Set it before that import; set later, it
+# is seen only after clearing that cache and registering the fusion by hand
+# (`is_supported.cache_clear()`, then `register_forward_backward_fusion(fuse_glu_ops,
+# prepend=True)`), as the BioNeMo recipe does (`_ensure_fused_grouped_mlp_registered`,
+# recipes/mixtral_native_te/modeling_mixtral_te.py, NVIDIA-BioNeMo/bionemo-recipes@e05e81a).
 FUSED_MLP_ENV = "NVTE_CUTEDSL_FUSED_GROUPED_MLP"
 # Oldest nvidia-cudnn-frontend with the fused grouped MLP kernel.
 FUSED_MLP_MIN_CUDNN_FRONTEND = (1, 23)
@@ -314,10 +318,11 @@ def evaluate(env: Environment) -> Capabilities:
         fused_missing.append(f"needs nvidia-cudnn-frontend >= {need} "
                              f"(found {env.cudnn_frontend_version or 'none'})")
     if not env.fused_mlp_env_set:
-        fused_missing.append(f"{FUSED_MLP_ENV}=1 was not set before TE was imported")
+        fused_missing.append(f"{FUSED_MLP_ENV}=1 is not set (set it before importing TE)")
     if not fused_missing and env.te_fused_mlp_registered is False:
-        fused_missing.append("TE did not register the fusion at import (its is_supported() was "
-                             "false: are cuDNN's CuTe-DSL grouped GEMM kernels importable?)")
+        fused_missing.append("TE has not registered the fusion (its is_supported() was false "
+                             "when TE was imported: was the variable set later, or are cuDNN's "
+                             "CuTe-DSL grouped GEMM kernels not importable?)")
     if fused_missing:
         runs = ("te.ops grouped MLP, unfused" if te_ok and gpu
                 else "pure-PyTorch composition of the same three ops")

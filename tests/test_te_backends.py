@@ -136,7 +136,7 @@ _FUSING = dict(recipe="MXFP8BlockScaling", glu=32, hidden=4096, intermediate=143
     (dict(compute_capability=(9, 0)), {}, "this is 9.0"),
     (dict(compute_capability=(12, 0)), {}, "this is 12.0"),
     (dict(cudnn_frontend_version="1.22.0"), {}, "found 1.22.0"),
-    (dict(te_fused_mlp_registered=False), {}, "did not register the fusion"),
+    (dict(te_fused_mlp_registered=False), {}, "has not registered the fusion"),
     ({}, dict(recipe=None), "this runs bf16"),
     ({}, dict(recipe="Float8BlockScaling"), "this runs Float8BlockScaling"),
     ({}, dict(recipe=RecipeSpec("MXFP8BlockScaling", "HYBRID")), "E5M2 backward pass"),

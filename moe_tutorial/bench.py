@@ -634,9 +634,9 @@ def format_train_row(r: dict, peaks: Peaks) -> str:
 
 
 EXPERT_HEADER = (f"{'shape':<12} {'routing':<8} {'backend':<25} {'precision':<20} {'ms':>9} "
-                 f"{'TFLOP/s':>8} {'vs loop':>8} {'rel.err':>9} {'GB':>6}")
+                 f"{'TFLOP/s':>8} {'vs loop':>8} {'rel.err':>9} {'GiB':>6}")
 TRAIN_HEADER = (f"{'variant':<30} {'ms/step':>9} {'tokens/s':>11} {'TFLOP/s':>8} {'prec.':>5} "
-                f"{'MFU own peak':>15} {'MFU bf16 peak':>15} {'GB':>6} {'Δloss0':>9}")
+                f"{'MFU own peak':>15} {'MFU bf16 peak':>15} {'GiB':>6} {'Δloss0':>9}")
 MFU_LEGEND = ("MFU own peak: TFLOP/s over the dense peak of the row's precision (bf16 rows: bf16, "
               "FP8 rows: FP8), measured in this run / datasheet; MFU bf16 peak: over the bf16 "
               "peak for every row (torchtitan's convention)")

@@ -57,7 +57,9 @@ def hf_training_loss(hf_model, input_ids: torch.Tensor) -> torch.Tensor:
 
 
 # Under torch.compile, transformers before torch 2.14 never drops the causal mask (its
-# `_ignore_causal_mask_sdpa` cannot tell compiling from exporting there), so sdpa receives a
+# `_ignore_causal_mask_sdpa` cannot tell compiling from exporting there: before pytorch#176499
+# dynamo replaced `torch.compiler.is_exporting()` by `True`; transformers/masking_utils.py:276-281
+# in 5.25.0), so sdpa receives a
 # materialised [B, 1, S, S] mask, which FlashAttention cannot take: the compiled step then runs
 # the much slower memory-efficient attention kernels, and compiling buys nothing (seen with
 # mixtral-2l on the H200; torch.profiler shows it). Our inputs have no padding,

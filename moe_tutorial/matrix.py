@@ -334,7 +334,7 @@ def markdown_table(report: dict) -> str:
         "",
         "| model | layout | precision | ms/step | tokens/s per GPU | PFLOP/s per GPU "
         "| MFU (datasheet peak of its precision) "
-        "| vs HF | peak GB per GPU | all-to-all ms | all-reduce / FSDP ms | status |",
+        "| vs HF | peak GiB per GPU | all-to-all ms | all-reduce / FSDP ms | status |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     failures = []

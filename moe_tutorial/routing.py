@@ -202,9 +202,10 @@ class Router(nn.Module):
 def load_balancing_loss(router_logits: Sequence[torch.Tensor], top_k: int) -> torch.Tensor:
     """Switch-Transformer load-balancing loss over all layers, as HF Mixtral computes it.
 
-    With f_e the share of (token, slot) assignments that go to expert e and P_e the mean router
-    probability of expert e, both pooled over all layers' tokens, the loss is E * sum_e f_e P_e.
-    It is smallest (= top_k) when routing is uniform, and grows as experts are over-used.
+    With f_e the number of (token, slot) assignments to expert e divided by the number of tokens
+    (the f_e sum to top_k, each is at most 1) and P_e the mean router probability of expert e,
+    both pooled over all layers' tokens, the loss is E * sum_e f_e P_e. It is top_k when routing
+    is uniform, grows as experts are over-used, and is at most E.
     """
     if isinstance(router_logits, torch.Tensor) or not router_logits:
         what = "a tensor" if isinstance(router_logits, torch.Tensor) else "no layers"

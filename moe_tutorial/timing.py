@@ -194,8 +194,8 @@ def measure_peaks(device, gpu_name: str | None = None) -> Peaks:
 
 
 def peak_memory_gb(device=None) -> float | None:
-    """Peak memory torch allocated on a CUDA `device` since the last reset, in GiB (2^30 bytes;
-    the "GB" of this course's tables); None on a CPU, where it is not tracked."""
+    """Peak memory torch allocated on a CUDA `device` since the last reset, in GiB (2^30 bytes,
+    as the course's "peak GiB" columns say); None on a CPU, where it is not tracked."""
     if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     return torch.cuda.max_memory_allocated(device) / 2**30

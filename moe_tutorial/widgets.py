@@ -56,7 +56,7 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PANEL_TITLES = {
     "throughput": "{y_title}",
     "speedup": "speedup vs {baseline}",
-    "memory": "peak memory (GB)",
+    "memory": "peak memory (GiB)",
     "loss": "training loss",
 }
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692",
@@ -390,7 +390,7 @@ class LiveDashboard:
                    f"median {self.y_title}"]
         if self.baseline:
             headers.append(f"median speedup vs {self.baseline}")
-        headers.append("peak memory (GB)")
+        headers.append("peak memory (GiB)")
         if show_loss:
             headers.append("last loss")
         rows = []

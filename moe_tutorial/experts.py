@@ -633,10 +633,19 @@ def why_unfused(capabilities: hardware.Capabilities, recipe, glu_interleave_size
 
 def why_fused_raises(m_splits) -> list[str]:
     """The shape conditions under which the fused grouped MLP, once TE chose it, raises instead
-    of running: a total row count not divisible by 128 (TE's `ValueError` in `fuser_forward`)
+    of running: no rows at all (every local expert empty, as under expert parallelism a rank's
+    experts can be: the CuTe-DSL kernel builds its TMA descriptor over the token dimension and
+    fails on 0 rows; the BioNeMo recipe runs one masked 256-row group instead, `_expert_ffn_fused`
+    in recipes/mixtral_native_te/modeling_mixtral_te.py@e05e81a), a total row count not
+    divisible by 128 (TE's `ValueError` in `fuser_forward`, ops/fused/grouped_mlp.py:1203-1204)
     and per-expert row counts that are not multiples of 256 (the cuDNN kernel). Padding every
-    expert to `FUSED_MLP_ROWS_PER_EXPERT` rows satisfies both."""
+    expert to `FUSED_MLP_ROWS_PER_EXPERT` rows satisfies the last two; padding cannot help the
+    first (an empty expert stays at 0 rows)."""
     splits = [int(n) for n in torch.as_tensor(m_splits).reshape(-1).tolist()]
+    if splits and not any(splits):
+        return [f"every one of the {len(splits)} experts has 0 rows: the fused kernel fails on an "
+                f"empty input (run one masked group of {FUSED_MLP_ROWS_PER_EXPERT} zero rows "
+                f"instead, as the BioNeMo recipe does)"]
     reasons = []
     if sum(splits) % FUSED_MLP_TOTAL_ROWS_MULTIPLE:
         reasons.append(f"{sum(splits)} rows in all is not a multiple of "

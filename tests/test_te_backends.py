@@ -161,6 +161,11 @@ def test_nvfp4_with_rht_fuses_and_row_counts_do_not_decide_fusion():
 
 def test_fused_op_raises_on_row_counts():
     assert why_fused_raises([256, 512, 0, 256]) == []
+    # Every local expert empty (a rank under expert parallelism): 0 is a multiple of 128 and 256,
+    # yet the kernel cannot run on no rows
+    only_reason, = why_fused_raises([0, 0, 0, 0])
+    assert "0 rows" in only_reason and "4 experts" in only_reason
+    assert why_fused_raises(torch.zeros(8, dtype=torch.int64)) != []
     reasons = why_fused_raises([256, 64])  # 320 rows: not a multiple of 128; expert 1 not of 256
     assert any("320 rows in all" in r for r in reasons) and any("expert(s) [1]" in r for r in reasons)
     only_per_expert, = why_fused_raises([128, 128])  # 256 in all is fine, each expert is not

@@ -25,7 +25,11 @@ Two ways of measuring, and the breakdown says which ran (`source`):
 * "cpu ops" (device cpu): the calling thread's time. Each aten op's own time (its duration minus
   the ops nested in it) goes to its part; "launch gaps / idle" is the time outside any op: Python,
   the autograd engine and the dispatcher between ops, the host-side cost that becomes launch gaps
-  on a GPU. These are not GPU kernels: they say where the CPU spends the step.
+  on a GPU. These are not GPU kernels: they say where the CPU spends the step. The profiled
+  steps run on one thread (`torch.set_num_threads(1)`, restored after): an op's time is wall
+  time, and with torch's intra-op worker threads a matmul's would include waiting for them. On
+  shared cores a small matmul now and then waits milliseconds for a worker the system has not
+  scheduled, and such stalls, not the matmuls' work, would decide the GEMMs part.
   `launches_per_step` counts top-level ops (those no other op called).
 
 The profiler slows every op down a little, so a profiled step is somewhat slower than a timed one
@@ -347,9 +351,7 @@ def profiled_steps(step: Callable[[], object], *, device, steps: int = 3, warmup
     """Run `step()` `warmup` times, then `steps` times under torch.profiler (CPU activity, and
     CUDA on a CUDA device; `with_stack`: Python frames too) inside the range `REGION`; return
     the profiler and the checked device. On a GPU the region ends once the GPU has finished the
-    last kernel."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
+    last kernel; on a CPU the steps run on one thread (the module docstring says why)."""
     if not callable(step):
         raise ValueError(f"step must be a function running one training step, got "
                          f"{type(step).__name__}")
@@ -361,6 +363,19 @@ def profiled_steps(step: Callable[[], object], *, device, steps: int = 3, warmup
     def sync():
         if on_gpu:
             torch.cuda.synchronize(dev)
+
+    threads = torch.get_num_threads()
+    if not on_gpu:
+        torch.set_num_threads(1)
+    try:
+        prof = _profile(step, steps, warmup, on_gpu, sync, with_stack)
+    finally:
+        torch.set_num_threads(threads)
+    return prof, dev
+
+
+def _profile(step, steps: int, warmup: int, on_gpu: bool, sync, with_stack: bool):
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     for _ in range(warmup):
         step()
@@ -376,7 +391,7 @@ def profiled_steps(step: Callable[[], object], *, device, steps: int = 3, warmup
             for _ in range(steps):
                 step()
             sync()  # inside the region: its end is when the GPU has finished the last kernel
-    return prof, dev
+    return prof
 
 
 def profile_step(step: Callable[[], object], *, device, steps: int = 3,

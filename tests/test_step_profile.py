@@ -353,3 +353,18 @@ def test_cuda_steps_are_measured_by_kernels():
         assert sum(breakdown.part_ms.values()) == pytest.approx(breakdown.total_ms)
     assert (bars.breakdowns["naive loop"].launches_per_step
             > bars.breakdowns["grouped GEMM"].launches_per_step)
+
+
+def test_cpu_steps_are_profiled_on_one_thread_and_the_thread_count_restored():
+    """On a CPU an op's time is wall time: with intra-op worker threads a matmul's includes
+    waiting for them, so the profiled steps run on one thread, and the caller's count comes back."""
+    before = torch.get_num_threads()
+    seen = []
+    step_profile.profile_step(lambda: seen.append(torch.get_num_threads()), device="cpu",
+                              steps=2, warmup=1)
+    assert seen == [1, 1, 1]
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="boom"):
+        step_profile.profile_step(lambda: (_ for _ in ()).throw(RuntimeError("boom")),
+                                  device="cpu")
+    assert torch.get_num_threads() == before

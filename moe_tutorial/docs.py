@@ -361,7 +361,7 @@ def train_step_table(report: dict) -> str:
                              _mfu(r, report, "bf16"), mem] + floor_cell)
     return _table(["variant", "precision", "ms/step", "tokens/s", "TFLOP/s",
                    "MFU vs its precision's peak (measured / datasheet)",
-                   "MFU vs bf16 peak (measured / datasheet)", "peak GB"]
+                   "MFU vs bf16 peak (measured / datasheet)", "peak GiB"]
                   + ["floor ms (floor ÷ ms/step)"] * bool(floors),
                   ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]
                   + ["---:"] * bool(floors), rows)
@@ -445,7 +445,7 @@ def _target_detail(report: dict, key: str) -> str:
         floor_ms = step_floor_ms(best, report["speed_of_light"])
         return f"floor {floor_ms:.1f} ms ÷ {best['median_ms']:.1f} ms, {_train_label(best['variant'])}"
     if key.endswith("peak_mem_ratio_vs_hf_grouped_mm"):
-        return f"{best['peak_memory_gb']:.1f} vs {train['hf_grouped_mm']['peak_memory_gb']:.1f} GB"
+        return f"{best['peak_memory_gb']:.1f} vs {train['hf_grouped_mm']['peak_memory_gb']:.1f} GiB"
     return f"{_train_label(best['variant'])}, {row_precision(best).replace('fp8', 'FP8')}"
 
 
@@ -539,7 +539,7 @@ def h200_step_in_backward() -> str:
                          f"{r['median_ms'] / early['median_ms']:.3f}×",
                          f"{r['peak_memory_gb']:.1f} → {early['peak_memory_gb']:.1f}", _link(name)])
     return _table(["AdamW stepped", "variant", "ms/step: after → in the backward pass",
-                   "speedup", "peak GB", "run"], ["---", "---", "---:", "---:", "---:", "---"],
+                   "speedup", "peak GiB", "run"], ["---", "---", "---:", "---:", "---:", "---"],
                   rows)
 
 
@@ -567,7 +567,7 @@ def h200_compiled_candidates() -> str:
         f"One {env['gpu']}, torch {env['torch']}, TE {env['transformer_engine']}; each "
         f"candidate and its base variant in the same `bench --train-variants` run (medians of "
         f"the timed steps):\n\n"
-        + _table(["what changes", "variant", "ms/step: base → candidate", "speedup", "peak GB",
+        + _table(["what changes", "variant", "ms/step: base → candidate", "speedup", "peak GiB",
                   "run"], ["---", "---", "---:", "---:", "---:", "---"], rows)
         + f"\n\nWith both, in {_link(last_run)}: our FP8 step "
         f"{fp8['median_ms']:.1f} ms, {hf['median_ms'] / fp8['median_ms']:.2f}× the compiled HF "
@@ -777,10 +777,10 @@ def h200x2_ep() -> str:
         f"{rank['batch_per_gpu']} × {rank['seq_len']} tokens per GPU, median of {iters} steps; the "
         f"1-GPU row is the same script with one process. Results: {_link('h200x2.json')}.\n\n"
         + _table(["layout", "precision", "ms/step", "tokens/s per GPU", "PFLOP/s per GPU",
-                  "vs 1 GPU", "peak GB per GPU", "NCCL all-to-all / all-reduce ms per step"],
+                  "vs 1 GPU", "peak GiB per GPU", "NCCL all-to-all / all-reduce ms per step"],
                  ["---", "---", "---:", "---:", "---:", "---:", "---:", "---"], rows) + "\n\n"
         f"- EP halves each GPU's expert weights, gradients and optimizer state: "
-        f"{_span([r['peak_memory_gb'] for r in ep], '.1f')} GB per GPU under dp1 × ep2 against "
+        f"{_span([r['peak_memory_gb'] for r in ep], '.1f')} GiB per GPU under dp1 × ep2 against "
         f"{_span([r['peak_memory_gb'] for r in one], '.1f')} on one GPU; it exchanges only the "
         f"routed tokens (the all-to-all kernels, waiting for the peer included, take "
         f"{_span([r['nccl_alltoall_ms_per_step_max_rank'] / r['median_ms'] for r in ep], '.1%')} "
@@ -1082,9 +1082,10 @@ def published_recipe() -> str:
         f"- The headline \"up to {headline['published_speedup']:g}×\" is "
         f"{headline['published_speedup_of']}: {headline['gpus']}, {headline['layout']}, seq "
         f"{headline['seq_len']} ({source}, `{headline['source_file']}`): {te} tokens/s/GPU. "
-        f"The same file's HF row ({hf['tokens_per_s_per_gpu']:,} tokens/s/GPU) "
-        f"ran at {hf['layout']} with {hf['micro_batch_tokens']}-token micro-batches against TE's "
-        f"{headline['micro_batch_tokens']}, so TE/HF in that file compares different layouts.")
+        f"The same file's HF row ({hf['tokens_per_s_per_gpu']:,} tokens/s/GPU) is "
+        f"{hf['layout']}, {hf['batch']}, {hf['setup']} (`{hf['source_script']}`); its last loss, "
+        f"{hf['last_loss']:g} against the TE rows' {hf['te_rows_last_loss']:g}, says the TE rows did "
+        f"not start from that checkpoint. TE/HF in that file compares different setups.")
 
 
 # ---------------------------------------------------------------------------------------------

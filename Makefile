@@ -19,6 +19,7 @@ course:
 test:
 	$(BOOTSTRAP) --extras test -- -m pytest
 
-## make lab: JupyterLab on the notebooks
+## make lab: JupyterLab on your working copy work/ (chapters and exercises; made on first use,
+#   your files there never overwritten: delete one to get a fresh copy); start with 00_setup
 lab:
-	$(BOOTSTRAP) --extras course,hf -- -m jupyter lab notebooks/
+	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial lab

@@ -1,5 +1,5 @@
-"""Command line: `python -m moe_tutorial info | train | bench | blackwell-dry-run | validate |
-speed-of-light | analyze | docs`."""
+"""Command line: `python -m moe_tutorial info | lab | train | bench | blackwell-dry-run |
+validate | speed-of-light | analyze | docs`."""
 
 from __future__ import annotations
 
@@ -69,6 +69,28 @@ def _info(args: argparse.Namespace) -> int:
         print()
         print(caps.table())
     return 0
+
+
+def _lab(args: argparse.Namespace) -> int:
+    """Prepare the learner's working copy (moe_tutorial/workspace.py), then become JupyterLab."""
+    import importlib.util
+
+    from . import workspace
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        print("error: JupyterLab is not installed in this environment; run `make lab` (it "
+              "installs it), or `pip install -e '.[course]'`", file=sys.stderr)
+        return 2
+    try:
+        root = workspace.prepare_workspace()
+    except (FileNotFoundError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    argv = workspace.lab_argv(root, args.jupyter_args)
+    if "--allow-root" in argv:
+        print("running as root (as in NVIDIA's containers): JupyterLab starts with --allow-root")
+    print(f"JupyterLab on {root}: start with notebooks/00_setup.ipynb", flush=True)
+    os.execv(argv[0], argv)
 
 
 def _train_settings(args: argparse.Namespace):
@@ -405,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     info.add_argument("--no-te", action="store_true", help="do not import Transformer Engine")
     info.set_defaults(run=_info)
+
+    lab = sub.add_parser("lab", help="JupyterLab on your working copy of the course (work/, "
+                                     "made on first use; your files there are never overwritten)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
+                     help="more arguments for `jupyter lab`, e.g. --no-browser --port 8890")
+    lab.set_defaults(run=_lab)
 
     tr = sub.add_parser("train", help="train a protein MoE LM on the shipped CATH sequences")
     tr.add_argument("--preset", default="small")

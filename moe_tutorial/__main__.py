@@ -86,7 +86,8 @@ def _lab(args: argparse.Namespace) -> int:
     except (FileNotFoundError, FileExistsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    argv = workspace.lab_argv(root, args.jupyter_args)
+    extra = args.jupyter_args[1:] if args.jupyter_args[:1] == ["--"] else args.jupyter_args
+    argv = workspace.lab_argv(root, extra)
     if "--allow-root" in argv:
         print("running as root (as in NVIDIA's containers): JupyterLab starts with --allow-root")
     print(f"JupyterLab on {root}: start with notebooks/00_setup.ipynb", flush=True)
@@ -431,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     lab = sub.add_parser("lab", help="JupyterLab on your working copy of the course (work/, "
                                      "made on first use; your files there are never overwritten)")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
-                     help="more arguments for `jupyter lab`, e.g. --no-browser --port 8890")
+                     help="after '--': more arguments for `jupyter lab`, e.g. "
+                          "`lab -- --no-browser --port 8890`")
     lab.set_defaults(run=_lab)
 
     tr = sub.add_parser("train", help="train a protein MoE LM on the shipped CATH sequences")

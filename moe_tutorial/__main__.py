@@ -68,7 +68,23 @@ def _info(args: argparse.Namespace) -> int:
         print(caps.describe_machine())
         print()
         print(caps.table())
+    if warning := _te_version_warning(caps.env.te_version, caps.env.cuda_available):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _te_version_warning(te_version: str | None, cuda_available: bool) -> str | None:
+    """A Transformer Engine other than the release the course was checked with, or none on a
+    GPU: what to do about it (docs/gpu.md)."""
+    from .bootstrap import TE_SERIES
+
+    if te_version is None:
+        return (f"Transformer Engine is not installed: the TE rows fall back; `make gpu` installs "
+                f"TE {TE_SERIES} (docs/gpu.md)") if cuda_available else None
+    if not te_version.startswith(f"{TE_SERIES}."):
+        return (f"Transformer Engine {te_version} is installed; the course was checked with "
+                f"{TE_SERIES}.x, so its TE chapters may fail or differ (docs/gpu.md)")
+    return None
 
 
 def _lab(args: argparse.Namespace) -> int:

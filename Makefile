@@ -7,6 +7,8 @@
 PYTHON ?= python3
 RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 RUN_FLAGS ?=
+# more arguments for `jupyter lab`, e.g. LAB_FLAGS='--ip=0.0.0.0 --no-browser' in a container
+LAB_FLAGS ?=
 # pytest's options for `make test`: parallel workers, one per core (pytest-xdist)
 PYTEST_FLAGS ?= -n auto
 BOOTSTRAP = $(PYTHON) -m moe_tutorial.bootstrap
@@ -20,9 +22,9 @@ help:
 
 ## make lab: JupyterLab on your working copy work/ (chapters and exercises side by side; made on
 #   first use, your files there never overwritten: delete one to get a fresh copy); start with
-#   notebooks/00_setup.ipynb
+#   notebooks/00_setup.ipynb; LAB_FLAGS='--ip=0.0.0.0 --no-browser' passes options to Lab
 lab:
-	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial lab
+	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial lab -- $(LAB_FLAGS)
 
 ## make course: run the course headless (small mode on CPU, full mode on a GPU) with a report
 #   (mode: $MOE_TUTORIAL_MODE=small|full, else by hardware; stops at the first failing notebook)

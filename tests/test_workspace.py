@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from checkout_copy import copy_tracked_files
 from notebook_conventions import assert_parameters_and_no_outputs
 
 from moe_tutorial import __main__ as cli
@@ -108,12 +109,7 @@ def test_lab_starts_on_the_workspace_and_as_root_says_so(tmp_path, monkeypatch, 
 
 def _clone_of_this_checkout(target: Path) -> Path:
     """The tracked files of this working tree (edits included), committed in a new repository."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for name in filter(None, files):
-        if (ROOT / name).is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, target / name)
+    copy_tracked_files(target)
     env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "clone"]):

@@ -9,8 +9,9 @@ RUN_DIR ?= runs/$(shell date +%Y%m%d-%H%M%S)
 RUN_FLAGS ?=
 # more arguments for `jupyter lab`, e.g. LAB_FLAGS='--ip=0.0.0.0 --no-browser' in a container
 LAB_FLAGS ?=
-# pytest's options for `make test`: parallel workers, one per core (pytest-xdist)
-PYTEST_FLAGS ?= -n auto
+# pytest's options for `make test`: parallel workers, one per core; tests sharing a
+# module-scoped fixture stay on one worker (tests/conftest.py)
+PYTEST_FLAGS ?= -n auto --dist loadscope --no-loadscope-reorder
 BOOTSTRAP = $(PYTHON) -m moe_tutorial.bootstrap
 
 .DEFAULT_GOAL := help

@@ -80,7 +80,7 @@ def test_the_dockerfiles_course_steps_keep_the_torch_a_python_already_has(tmp_pa
     assert where[1] == str(repo / "moe_tutorial" / "__init__.py")
     assert not list((repo / ".venv").rglob("torch/__init__.py"))
     stamp = json.loads((repo / ".venv" / "moe_tutorial-install.json").read_text())
-    assert set(stamp["extras"]) == {"course", "hf", "test"}
+    assert set(stamp["extras"]) == {"course", "hf"}
     # the image's command: Lab through the same code path, asked only for its version
     started = subprocess.run([*command, "--version"], cwd=repo, env=env, capture_output=True,
                              text=True, timeout=300)

@@ -44,7 +44,8 @@ gpu:
 	$(BOOTSTRAP) --gpu --extras course,hf
 
 ## make lock: regenerate cpu-lock.txt, the CPU environment CI installs (pip-tools, in a
-#   throwaway venv; needs the package index)
+#   throwaway venv; needs the package index); pip-tools resolves with pip itself, so through
+#   pip's configuration (its indexes, the CPU build of torch), as the install from the lock does
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet pip-tools
@@ -54,7 +55,7 @@ lock:
 	  --allow-unsafe --no-emit-find-links --no-emit-index-url --no-emit-trusted-host \
 	  --extra-index-url https://download.pytorch.org/whl/cpu --pip-args '--retries 0 --timeout 20' \
 	  -c .lock-venv/torch-cpu.txt -o cpu-lock.txt pyproject.toml
-	# torch without its +cpu label: the CPU wheel index's build and the same version from
-	# another index (the bootstrap's fallback) both satisfy it
+	@# torch without its +cpu label: the CPU wheel index's build and the same version from
+	@# another index (the bootstrap's fallback) both satisfy it
 	sed -i 's/^torch==\(.*\)+cpu$$/torch==\1/; /-c \.lock-venv\/torch-cpu\.txt/d' cpu-lock.txt
 	rm -rf .lock-venv

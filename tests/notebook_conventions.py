@@ -62,6 +62,30 @@ def assert_runs_under_nbval(target: str, *, cell_timeout: int, timeout: int) -> 
     assert " passed" in result.stdout and "failed" not in result.stdout.splitlines()[-1]
 
 
+# CI runs `make course` before the tests and names its run here: the chapters then run once, and
+# their tests check that execution (assert_executed_in_small_mode) instead of running them again.
+EXECUTED_RUN_ENV = "MOE_TUTORIAL_EXECUTED_RUN"
+
+
+def assert_executed_in_small_mode(notebook: Path, run_dir: Path) -> None:
+    """The copy of `notebook` that `make course` executed into `run_dir` ran this very source top
+    to bottom in small mode without an error: what `assert_runs_under_nbval` checks by running it."""
+    executed = run_dir / notebook.name
+    assert executed.is_file(), (f"{executed} is missing: the course run in {run_dir} did not "
+                                f"execute {notebook.name} (it stops at the first failing notebook)")
+    ran = [c for c in cells(executed) if c["cell_type"] == "code"]
+    injected = [c for c in ran if "injected-parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(injected) == 1 and re.search(r"^MODE = [\"']small[\"']$", source(injected[0]), re.M), \
+        f"{executed} was not run in small mode"
+    ran = [c for c in ran if c not in injected]
+    assert [source(c) for c in ran] == [source(c) for c in cells(notebook) if c["cell_type"] == "code"], \
+        f"{executed} was run from another version of {notebook.name}; run the course again"
+    counts = [c.get("execution_count") for c in ran if source(c).strip()]
+    assert None not in counts and counts == sorted(counts), f"{executed}: not every cell ran, in order"
+    errors = [o for c in ran for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, f"{executed}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+
+
 IMAGE = re.compile(r"!\[(?P<alt>(?:[^\[\]]|\[[^\[\]]*\])*)\]\((?P<path>[^)\s]+)\)")  # alt text may hold [i] (balanced, as CommonMark allows)
 
 

@@ -5,9 +5,13 @@ environment nbval runs in is tests/notebook_conventions.py's. By hand:
     MOE_TUTORIAL_MODE=small python -m pytest --nbval-lax --nbval-current-env notebooks/
 """
 
+import os
+
 import pytest
 from notebook_conventions import (
+    EXECUTED_RUN_ENV,
     ROOT,
+    assert_executed_in_small_mode,
     assert_parameters_and_no_outputs,
     assert_runs_under_nbval,
     assert_teaching_conventions,
@@ -52,5 +56,45 @@ def test_notebook_teaches_by_the_course_conventions(notebook):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_under_nbval_in_small_mode(notebook):
-    assert_runs_under_nbval(str(notebook.relative_to(ROOT)), cell_timeout=300, timeout=900)
+def test_notebook_runs_top_to_bottom_in_small_mode(notebook):
+    """Under nbval; or, where $MOE_TUTORIAL_EXECUTED_RUN names a `make course` run of these
+    sources (CI runs the course first), that run's execution of the notebook."""
+    executed_run = os.environ.get(EXECUTED_RUN_ENV)
+    if executed_run:
+        assert_executed_in_small_mode(notebook, ROOT / executed_run)
+    else:
+        assert_runs_under_nbval(str(notebook.relative_to(ROOT)), cell_timeout=300, timeout=900)
+
+
+def test_a_course_run_counts_only_for_the_source_it_ran_in_small_mode(tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    source_nb = new_notebook(cells=[new_code_cell("MODE = ''", metadata={"tags": ["parameters"]}),
+                                    new_code_cell("x = 1"), new_code_cell("print(x)")])
+    notebook = tmp_path / "01_x.ipynb"
+    nbformat.write(source_nb, notebook)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    def executed(*, mode="small", code="print(x)", error=False, counts=(1, 2, 3, 4)):
+        ran = new_notebook(cells=[
+            new_code_cell("MODE = ''", metadata={"tags": ["parameters"]}),
+            new_code_cell(f'MODE = "{mode}"\n', metadata={"tags": ["injected-parameters"]}),
+            new_code_cell("x = 1"), new_code_cell(code)])
+        for cell, count in zip(ran.cells, counts):
+            cell.execution_count = count
+        if error:
+            ran.cells[-1].outputs = [new_output("error", ename="NameError", evalue="x", traceback=[])]
+        nbformat.write(ran, run_dir / notebook.name)
+
+    executed()
+    assert_executed_in_small_mode(notebook, run_dir)
+    for bad, message in [(dict(mode="full"), "small mode"), (dict(code="print(y)"), "another version"),
+                         (dict(error=True), "NameError"), (dict(counts=(1, 2, 3, None)), "every cell")]:
+        executed(**bad)
+        with pytest.raises(AssertionError, match=message):
+            assert_executed_in_small_mode(notebook, run_dir)
+    (run_dir / notebook.name).unlink()
+    with pytest.raises(AssertionError, match="did not execute"):
+        assert_executed_in_small_mode(notebook, run_dir)

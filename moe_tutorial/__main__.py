@@ -1,5 +1,5 @@
-"""Command line: `python -m moe_tutorial info | train | bench | blackwell-dry-run | validate |
-speed-of-light | analyze | docs`."""
+"""Command line: `python -m moe_tutorial info | lab | train | bench | blackwell-dry-run |
+validate | speed-of-light | analyze | docs`."""
 
 from __future__ import annotations
 
@@ -68,7 +68,46 @@ def _info(args: argparse.Namespace) -> int:
         print(caps.describe_machine())
         print()
         print(caps.table())
+    if warning := _te_version_warning(caps.env.te_version, caps.env.cuda_available):
+        print(f"warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _te_version_warning(te_version: str | None, cuda_available: bool) -> str | None:
+    """A Transformer Engine other than the release the course was checked with, or none on a
+    GPU: what to do about it (docs/gpu.md)."""
+    from .bootstrap import TE_SERIES
+
+    if te_version is None:
+        return (f"Transformer Engine is not installed: the TE rows fall back; `make gpu` installs "
+                f"TE {TE_SERIES} (docs/gpu.md)") if cuda_available else None
+    if not te_version.startswith(f"{TE_SERIES}."):
+        return (f"Transformer Engine {te_version} is installed; the course was checked with "
+                f"{TE_SERIES}.x, so its TE chapters may fail or differ (docs/gpu.md)")
+    return None
+
+
+def _lab(args: argparse.Namespace) -> int:
+    """Prepare the learner's working copy (moe_tutorial/workspace.py), then become JupyterLab."""
+    import importlib.util
+
+    from . import workspace
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        print("error: JupyterLab is not installed in this environment; run `make lab` (it "
+              "installs it), or `pip install -e '.[course]'`", file=sys.stderr)
+        return 2
+    try:
+        root = workspace.prepare_workspace()
+    except (FileNotFoundError, FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    extra = args.jupyter_args[1:] if args.jupyter_args[:1] == ["--"] else args.jupyter_args
+    argv = workspace.lab_argv(root, extra)
+    if "--allow-root" in argv:
+        print("running as root (as in NVIDIA's containers): JupyterLab starts with --allow-root")
+    print(f"JupyterLab on {root}: start with notebooks/00_setup.ipynb", flush=True)
+    os.execv(argv[0], argv)
 
 
 def _train_settings(args: argparse.Namespace):
@@ -405,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     info.add_argument("--no-te", action="store_true", help="do not import Transformer Engine")
     info.set_defaults(run=_info)
+
+    lab = sub.add_parser("lab", help="JupyterLab on your working copy of the course (work/, "
+                                     "made on first use; your files there are never overwritten)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
+                     help="after '--': more arguments for `jupyter lab`, e.g. "
+                          "`lab -- --no-browser --port 8890`")
+    lab.set_defaults(run=_lab)
 
     tr = sub.add_parser("train", help="train a protein MoE LM on the shipped CATH sequences")
     tr.add_argument("--preset", default="small")

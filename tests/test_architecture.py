@@ -10,7 +10,8 @@ PACKAGE = ROOT / "moe_tutorial"
 # Lowest first. A module may import modules of its own layer or below, never above.
 LAYERS = [
     ("foundations: no imports from the package",
-     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "families", "__init__"}),
+     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "workspace", "families",
+      "__init__"}),
     ("configuration", {"config"}),
     ("measuring: clocks, FLOP counts, peaks, memory", {"timing"}),
     ("what the notebooks share: a run's mode and sizes come from the config", {"lesson"}),

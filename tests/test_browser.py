@@ -23,8 +23,8 @@ from moe_tutorial.widgets import (
 )
 
 pytestmark = pytest.mark.browser
-# Seconds a notebook's Run All may take: small mode needs about two minutes on CI's 2 cores, and
-# several times that on a machine whose cores are shared.
+# Seconds a notebook's Run All may take in small mode: generous, because on 2 cores shared with
+# other work it takes several times as long as on 2 cores of its own.
 NOTEBOOK_TIMEOUT_S = 900
 # CI sets MOE_TUTORIAL_REQUIRE_BROWSER=1: there a missing browser fails the suite instead of
 # skipping it, so a green CI run means these tests ran.

@@ -65,6 +65,7 @@ AXIS_TITLES = {  # each panel's y axis
     "memory": "GB",
     "loss": "loss",
 }
+DASHBOARD_CLASS = "moe-live-dashboard"  # CSS class of a live dashboard's widget box (browser tests)
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692",
            "#B6E880", "#FF97FF", "#FECB52")
 
@@ -591,6 +592,7 @@ class LiveDashboard:
             self._status = ipywidgets.HTML(value="waiting for the first point…")
             self._widget = ipywidgets.VBox([
                 ipywidgets.HBox([self._progress, self._status]), self._figure_widget])
+            self._widget.add_class(DASHBOARD_CLASS)
             self._handle = _display(self._widget, display_id=True)
             self.live = True
         except Exception as exc:  # a broken widget stack must not stop the training loop

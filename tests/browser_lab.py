@@ -22,6 +22,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from moe_tutorial.widgets import DASHBOARD_CLASS
 from moe_tutorial.workspace import lab_argv, prepare_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,9 +85,9 @@ def jupyter_lab(tmp: Path):
 
 # The notebook in the visible tab (a restored workspace may keep others open behind it).
 ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
-# A live dashboard's figure: a plotly graph inside an ipywidgets box (the static figure that
-# replaces it is plotly's mime renderer's output, outside any widget).
-LIVE_FIGURE = ".widget-vbox .js-plotly-plot"
+# A live dashboard's figure: the plotly FigureWidget in the dashboard's widget box (the static
+# figure that replaces it at the end is plotly's mime renderer's output, outside any widget).
+LIVE_FIGURE = f".{DASHBOARD_CLASS} .js-plotly-plot"
 
 
 class Notebook:
@@ -179,10 +180,6 @@ class Notebook:
                  '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')]
                  .map(e => e.innerText)
                  .filter(t => t.includes('Traceback') || t.includes('Cell In[') || /^\\w+Error: /m.test(t))""")
-
-    def plot_points(self) -> int:
-        return self.page.evaluate(
-            "() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length")
 
     def live_figure_points(self) -> list[int]:
         """For each live dashboard figure on the page (a plotly FigureWidget inside the

@@ -162,6 +162,7 @@ def test_live_redraws_are_throttled_and_end_as_a_static_figure(monkeypatch):
     now = [0.0]
     dash = LiveDashboard("live", baseline="naive", total=2000, clock=lambda: now[0])
     assert dash.live and len(shown) == 1  # the widget box
+    assert widgets.DASHBOARD_CLASS in shown[0]._dom_classes  # what the browser tests look for
     for step in range(1000):  # 1000 updates over 10 simulated seconds
         now[0] += 0.01
         dash.update("naive", step, 100.0 + step)

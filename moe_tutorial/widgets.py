@@ -250,19 +250,21 @@ def show_table(table: Table) -> None:
 # Static figures
 
 def log_ticks(low: float, high: float) -> list[float]:
-    """Tick values for a logarithmic axis over [low, high] (both > 0): 1, 2 and 5 times the
-    powers of ten in it, or only the powers of ten over more than three decades; 1 to 9 times
-    them where that leaves fewer than two ticks; [] where even that does (a range this narrow
-    reads well with plotly's own ticks). Plotly's default on a log axis spanning about a decade
-    labels the minor ticks by their first digit ("3 2 100 9 8 7 6 5 4 3")."""
+    """Tick values for a logarithmic axis over data in [low, high] (both > 0): 1, 2 and 5 times
+    the powers of ten, or only the powers of ten over more than three decades; 1 to 9 times them
+    where that leaves fewer than two ticks inside; [] where even that does (a range this narrow
+    reads well with plotly's own ticks). One tick on each side beyond the data is included:
+    plotly draws it where the axis's padding reaches it and hides it otherwise. Plotly's default
+    on a log axis spanning about a decade labels the minor ticks by their first digit
+    ("3 2 100 9 8 7 6 5 4 3")."""
     if not 0 < low <= high:
         raise ValueError(f"a log axis needs 0 < low <= high, got {low!r}, {high!r}")
     first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
     for mantissas in (((1,) if last - first > 3 else (1, 2, 5)), tuple(range(1, 10))):
-        ticks = [float(f"{m}e{e}") for e in range(first, last + 1) for m in mantissas]
-        inside = [t for t in ticks if low * (1 - 1e-9) <= t <= high * (1 + 1e-9)]
+        ticks = [float(f"{m}e{e}") for e in range(first - 1, last + 2) for m in mantissas]
+        inside = [i for i, t in enumerate(ticks) if low * (1 - 1e-9) <= t <= high * (1 + 1e-9)]
         if len(inside) >= 2:
-            return inside
+            return ticks[inside[0] - 1: inside[-1] + 2]
     return []
 
 

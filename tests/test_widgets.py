@@ -362,11 +362,11 @@ def test_a_skew_explorer_refuses_bad_options_before_drawing(options, match):
 
 # --- axes and labels -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("low, high, ticks", [
-    (28, 270, [50, 100, 200]),  # about a decade: 1-2-5, not plotly's "3 2 100 9 8 7 6 5 4 3"
-    (0.3, 40, [0.5, 1, 2, 5, 10, 20]),
-    (1, 1e6, [1, 10, 100, 1e3, 1e4, 1e5, 1e6]),  # over three decades: the decades only
-    (30, 80, [30, 40, 50, 60, 70, 80]),  # no two 1-2-5 values inside: every 1-9 multiple
+@pytest.mark.parametrize("low, high, ticks", [  # with one tick beyond the data on each side
+    (28, 270, [20, 50, 100, 200, 500]),  # about a decade: 1-2-5, not "3 2 100 9 8 7 6 5 4 3"
+    (0.3, 40, [0.2, 0.5, 1, 2, 5, 10, 20, 50]),
+    (1, 1e6, [0.1, 1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7]),  # over three decades: decades only
+    (30, 80, [20, 30, 40, 50, 60, 70, 80, 90]),  # no two 1-2-5 values inside: every 1-9 multiple
     (28, 35, []),  # narrower still: plotly's own ticks
 ])
 def test_log_ticks_are_decades_or_1_2_5(low, high, ticks):
@@ -389,8 +389,8 @@ def test_a_figure_shows_its_log_axes_with_clean_labels():
     fig.update_xaxes(type="log", tickvals=[2, 4, 64], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
     layout = widgets.figure_bundle(fig)[PLOTLY_MIME]["layout"]
-    assert layout["yaxis"]["tickvals"] == [50, 100, 200]
-    assert layout["yaxis"]["ticktext"] == ["50", "100", "200"]
+    assert layout["yaxis"]["tickvals"] == [20, 50, 100, 200, 500]
+    assert layout["yaxis"]["ticktext"] == ["20", "50", "100", "200", "500"]
     assert layout["xaxis"]["tickvals"] == [2, 4, 64] and "ticktext" not in layout["xaxis"]
     assert "tickvals" not in layout["yaxis2"]
     assert fig.layout.yaxis.tickvals is None, "the caller's figure is not changed"
@@ -403,7 +403,7 @@ def test_log_ticks_read_plotlys_typed_arrays():
     fig = go.Figure(go.Scatter(x=[1, 2, 3], y=np.array([3.0, 12.0, 40.0])))
     fig.update_yaxes(type="log")
     layout = widgets.figure_bundle(fig)[PLOTLY_MIME]["layout"]
-    assert layout["yaxis"]["tickvals"] == [5, 10, 20]
+    assert layout["yaxis"]["tickvals"] == [2, 5, 10, 20, 50]
 
 
 def test_every_live_panel_has_a_y_axis_title():

@@ -6,10 +6,16 @@ executes `notebooks/NN_*.ipynb` in order, each in a fresh kernel of this Python 
 the parameters `MODE`, `LIVE` (and `DEVICE` when given) injected by papermill after the cell
 tagged `parameters` (the same values are also in the kernel's environment as
 `MOE_TUTORIAL_MODE`, `MOE_TUTORIAL_LIVE`, `MOE_TUTORIAL_DEVICE`). It stops at the first notebook
-that fails and prints its error. It writes the executed notebooks to DIR and, last and atomically,
-`DIR/report.html`: one self-contained page (plotly.js inlined, no network needed) with this machine's capability
-table, every notebook's closing outputs (the cells tagged `closing`: a table and a figure), run
-times (the slowest cells too) and the versions of everything that ran.
+that fails and prints its error. While it runs it prints a line as each code cell starts (which
+notebook, which cell, its first line, the time in that notebook and in the whole run) and, every
+HEARTBEAT_S seconds a cell runs on, a line saying it still runs: plain lines, readable in a CI log.
+
+It writes to DIR the executed notebooks, next to each an HTML rendering of it (`NN_name.html`,
+nbconvert's HTML exporter: readable in a browser without Jupyter; its plotly figures are drawn by
+`plotly.min.js`, written once next to them) and, last and atomically, `DIR/report.html`: one
+self-contained page (plotly.js inlined, no network needed) with this machine's capability table,
+every notebook's closing outputs (the cells tagged `closing`: a table and a figure), run times
+(the slowest cells too), links to the HTML renderings and the versions of everything that ran.
 
 DIR must be new or empty and outside the course's own folders (notebooks/, exercises/,
 solutions/, the package): a run never overwrites results or sources. `--replace` accepts the
@@ -20,8 +26,8 @@ and --device only. Bad inputs are refused before anything runs, with one line.
 
 Widgets: headless nobody watches a live dashboard, so the runner passes `LIVE=False` and
 `MOE_TUTORIAL_LIVE=0` (`--live` draws them anyway, e.g. to test them), and papermill runs with
-`store_widget_state=False`, so an executed notebook stays small instead of embedding plotly.js in
-widget state.
+`store_widget_state=False`, so an executed notebook (and its HTML rendering) stays small instead of
+embedding plotly.js in widget state: a displayed `FigureWidget` stores ~5 MB of it otherwise.
 
 Exercises from solutions
 ------------------------
@@ -79,6 +85,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +100,9 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 BUDGET_S = {"small": 120, "full": 300}  # per notebook: 2 CPU cores / one H200
 CELL_TIMEOUT_S = {"small": 300, "full": 600}
 KERNEL_NAME = "python3"
+HEARTBEAT_S = 30.0  # a cell running longer than this gets a "still running" line this often
+PLOTLY_JS = "plotly.min.js"  # next to the HTML renderings, which load it (report.html inlines it)
+ENGINE_NAME = "moe_tutorial"  # papermill's nbclient engine, reporting each cell as it starts
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -105,6 +115,12 @@ class NotebookRun:
     seconds: float = 0.0
     error: str = ""  # the failing cell's error, traceback included (ANSI colours removed)
     failed_cell: int | None = None  # execution count of the failing cell
+    html_error: str = ""  # why the HTML rendering could not be written, when it could not
+
+    @property
+    def html(self) -> Path:
+        """The HTML rendering of the executed notebook, next to it."""
+        return self.output.with_suffix(".html")
 
 
 @dataclass
@@ -396,8 +412,8 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
         raise RunError(f"two selected notebooks are named {twice[0]}, and both would be written to "
                        f"{out_dir / twice[0]}; run them in separate runs")
     check_parameters(parameters or {}, notebooks)
-    prepare_out_dir(out_dir, [nb.name for nb in notebooks] + ["report.html"], notebooks,
-                    replace=replace)
+    written = [name for nb in notebooks for name in (nb.name, nb.with_suffix(".html").name)]
+    prepare_out_dir(out_dir, written + [PLOTLY_JS, "report.html"], notebooks, replace=replace)
     params = {"MODE": mode, "LIVE": bool(live)}
     if device:
         params["DEVICE"] = device
@@ -408,11 +424,151 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
     return course
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+class CellProgress:
+    """The lines a run prints while it runs: one as each code cell starts, and one every
+    HEARTBEAT_S seconds while a cell runs on, so that a long cell never looks like a hang. Plain
+    lines through `echo`, flushed: a CI log without a terminal shows them as they come."""
+
+    def __init__(self, echo=print, clock=time.monotonic):
+        self.echo, self.clock = echo, clock
+        self.run_start = clock()
+        self.prefix, self.where = "", ""
+        self.notebook_start = self.cell_start = self.next_beat = None
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+
+    def _times(self, now: float) -> str:
+        return (f"{_duration(now - self.notebook_start)} in this notebook, "
+                f"{_duration(now - self.run_start)} in all")
+
+    @contextlib.contextmanager
+    def notebook(self, prefix: str):
+        """Report on the cells of one notebook (`prefix`: e.g. "[2/9] 02_grouped_linear")."""
+        self.prefix, self.notebook_start, self.cell_start = prefix, self.clock(), None
+        self._stop = threading.Event()
+        beats = threading.Thread(target=self._beat, args=(self._stop,), daemon=True,
+                                 name="moe-tutorial-progress")
+        beats.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            beats.join()
+            self.cell_start = None
+
+    def cell_started(self, nb, cell, index: int) -> None:
+        """papermill starts cell `index` of `nb` (markdown cells say nothing)."""
+        if cell.get("cell_type") != "code":
+            return
+        code = [i for i, c in enumerate(nb.cells) if c.get("cell_type") == "code"]
+        first = next((line.strip() for line in _text(cell.get("source", "")).splitlines()
+                      if line.strip()), "")
+        with self._lock:
+            now = self.clock()
+            self.where = f"cell {code.index(index) + 1}/{len(code)}"
+            self.cell_start, self.next_beat = now, now + HEARTBEAT_S
+            shown = first if len(first) <= 60 else first[:57] + "..."
+            self.echo(f"{self.prefix} · {self.where} · {self._times(now)} · {shown}", flush=True)
+
+    def beat(self) -> None:
+        """Say so when the current cell has run HEARTBEAT_S seconds more since the last line."""
+        with self._lock:
+            now = self.clock()
+            if self.cell_start is None or now < self.next_beat:
+                return
+            self.next_beat = now + HEARTBEAT_S
+            self.echo(f"{self.prefix} · {self.where} still running, "
+                      f"{_duration(now - self.cell_start)} so far · {self._times(now)}", flush=True)
+
+    def _beat(self, stop: threading.Event) -> None:
+        while not stop.wait(min(1.0, HEARTBEAT_S / 4)):
+            self.beat()
+
+
+def _progress_engine():
+    """papermill's nbclient engine, calling `on_cell_start(nb, cell, index)` as each cell starts
+    (registered as ENGINE_NAME; papermill passes the keyword through to it)."""
+    from papermill.engines import NBClientEngine
+
+    class ProgressEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, on_cell_start=None, **kwargs):
+            if on_cell_start is not None:
+                start = nb_man.cell_start
+
+                def cell_start(cell, cell_index=None, **more):
+                    on_cell_start(nb_man.nb, cell, cell_index)
+                    return start(cell, cell_index, **more)
+
+                nb_man.cell_start = cell_start
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    return ProgressEngine
+
+
+def plotly_html(spec: dict, div: str) -> str:
+    """A plotly figure's JSON (PLOTLY_MIME) as a div and the script that draws it (plotly.js must
+    be loaded before it)."""
+    payload = json.dumps([spec.get("data", []), spec.get("layout", {}),
+                          {"displaylogo": False, "responsive": True}]).replace("</", "<\\/")
+    return (f'<div id="{div}" class="plot"></div><script>'
+            f'Plotly.newPlot("{div}", ...{payload});</script>')
+
+
+def write_html(run: NotebookRun) -> Path:
+    """Write `run.html`, the executed notebook rendered by nbconvert's HTML exporter, atomically.
+
+    nbconvert has no renderer for plotly's JSON, so each figure is given an HTML form that
+    draws it with PLOTLY_JS, the file next to the page; images the markdown links to (the
+    notebook's `figures/`) are embedded, since the page does not live next to them."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(run.output, as_version=4)
+    figures = 0
+    for cell in nb.cells:
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            spec = output.get("data", {}).get(PLOTLY_MIME)
+            if spec is not None:
+                figures += 1
+                output["data"]["text/html"] = plotly_html(spec, f"figure-{figures}")
+    exporter = HTMLExporter(embed_images=True)
+    page, _ = exporter.from_notebook_node(
+        nb, resources={"metadata": {"name": run.name, "path": str(run.source.parent)}})
+    if figures:
+        page = page.replace("</head>", f'<script src="{PLOTLY_JS}"></script>\n</head>', 1)
+    write_atomically(run.html, page)
+    return run.html
+
+
+def _write_plotly_js(out_dir: Path) -> str:
+    """Write PLOTLY_JS into `out_dir` for the HTML renderings; "" or why it could not be."""
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        return "plotly is not installed: the HTML renderings show their figures as text"
+    write_atomically(out_dir / PLOTLY_JS, get_plotlyjs())
+    return ""
+
+
 def execute_run(course: CourseRun, *, log_output: bool = False, echo=print) -> CourseRun:
     """Execute a prepared run's notebooks in order with papermill; stop at the first failure.
-    Writes the executed notebooks and, last, `report.html`; returns `course`, filled in."""
+    Writes the executed notebooks, each one's HTML rendering and, last, `report.html`; prints a
+    line as each cell starts (`CellProgress`); returns `course`, filled in."""
     import papermill
+    from papermill.engines import papermill_engines
 
+    papermill_engines.register(ENGINE_NAME, _progress_engine())
+    progress = CellProgress(echo)
+    if course.runs:
+        missing_js = _write_plotly_js(course.out_dir)
+        if missing_js:
+            echo(missing_js)
     course.started = _dt.datetime.now().isoformat(timespec="seconds")
     params = course.parameters
     repo = PACKAGE_ROOT.parent
@@ -428,17 +584,27 @@ def execute_run(course: CourseRun, *, log_output: bool = False, echo=print) -> C
             echo(f"[{i}/{len(course.runs)}] {run.name} ...", flush=True)
             t0 = time.perf_counter()
             try:
-                papermill.execute_notebook(
-                    str(run.source), str(run.output), parameters=params, kernel_name=kernel,
-                    cwd=str(run.source.parent), execution_timeout=course.cell_timeout,
-                    store_widget_state=False, progress_bar=False, log_output=log_output)
+                with progress.notebook(f"[{i}/{len(course.runs)}] {run.name}"):
+                    papermill.execute_notebook(
+                        str(run.source), str(run.output), parameters=params, kernel_name=kernel,
+                        cwd=str(run.source.parent), execution_timeout=course.cell_timeout,
+                        store_widget_state=False, progress_bar=False, log_output=log_output,
+                        engine_name=ENGINE_NAME, on_cell_start=progress.cell_started)
                 run.status = "ok"
             except Exception as exc:  # papermill raises on the first error output of a cell
                 run.status = "failed"
                 run.error, run.failed_cell = _describe_error(exc)
             run.seconds = time.perf_counter() - t0
+            if run.output.exists():  # the failing cell's error in place, too
+                try:
+                    write_html(run)
+                except Exception as exc:  # the run's results stand without their rendering
+                    run.html_error = f"{type(exc).__name__}: {_strip_ansi(str(exc))}"
+                    echo(f"[{i}/{len(course.runs)}] {run.name}: no HTML rendering "
+                         f"({run.html_error}); the executed notebook is {run.output}")
             if run.status == "ok":
-                echo(f"[{i}/{len(course.runs)}] {run.name}: ok in {run.seconds:.1f} s")
+                echo(f"[{i}/{len(course.runs)}] {run.name}: ok in {run.seconds:.1f} s"
+                     + (f" → {run.html}" if run.html.exists() else ""))
                 continue
             where = f" in cell [{run.failed_cell}]" if run.failed_cell else ""
             echo(f"[{i}/{len(course.runs)}] {run.name}: FAILED after {run.seconds:.1f} s{where}")
@@ -514,12 +680,7 @@ def render_output(output: dict, figures: _FigureCounter) -> str:
     data = output.get("data", {})
     if PLOTLY_MIME in data:
         figures.count += 1
-        spec = data[PLOTLY_MIME]
-        div = f"figure-{figures.count}"
-        payload = json.dumps([spec.get("data", []), spec.get("layout", {}),
-                              {"displaylogo": False, "responsive": True}]).replace("</", "<\\/")
-        return (f'<div id="{div}" class="plot"></div><script>'
-                f'Plotly.newPlot("{div}", ...{payload});</script>')
+        return plotly_html(data[PLOTLY_MIME], f"figure-{figures.count}")
     if "text/html" in data:
         return _text(data["text/html"])
     for image in ("image/png", "image/jpeg"):
@@ -593,8 +754,10 @@ def write_report(course: CourseRun) -> Path:
         status_class = {"ok": "ok", "failed": "failed"}.get(run.status, "notrun")
         within = ("" if run.status == "not run"
                   else ("yes" if run.seconds <= budget else f"no (> {budget} s)"))
-        link = (f'<a href="{html.escape(run.output.name)}">{html.escape(run.output.name)}</a>'
-                if run.output.exists() else "")
+        link = (f'<a href="{html.escape(run.html.name)}">{html.escape(run.html.name)}</a>'
+                if run.html.exists() else
+                f"not rendered ({html.escape(run.html_error)}): {html.escape(run.output.name)}"
+                if run.html_error else "")
         summary.append(f"<tr><td>{html.escape(run.name)}</td><td class='{status_class}'>"
                        f"{run.status}</td><td style='text-align:right'>"
                        f"{run.seconds:.1f}</td><td>{within}</td><td>{link}</td></tr>")
@@ -649,10 +812,11 @@ def write_report(course: CourseRun) -> Path:
 {_capability_html()}
 <h2>Notebooks</h2>
 <table><thead><tr><th>notebook</th><th>status</th><th>seconds</th>
-<th>within the {course.mode}-mode budget ({budget} s)?</th><th>executed notebook</th></tr></thead>
+<th>within the {course.mode}-mode budget ({budget} s)?</th><th>the executed notebook</th></tr></thead>
 <tbody>{"".join(summary)}</tbody></table>
-<p class="muted">Seconds include starting the notebook's kernel. Every number below was computed in
-this run, on this machine; figures quoted from elsewhere name their source in the notebooks.</p>
+<p class="muted">Seconds include starting the notebook's kernel. Each link opens the executed
+notebook as a web page (its <code>.ipynb</code>, next to it, opens in Jupyter). Every number below was
+computed in this run, on this machine; figures quoted from elsewhere name their source in the notebooks.</p>
 {"".join(sections)}
 <h2>Versions</h2>
 <table><tbody>{versions}</tbody></table>

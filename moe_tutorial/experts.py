@@ -762,6 +762,23 @@ def cutlass_grouped_gemm() -> Iterator[None]:
 
 
 TE_EXPERT_CLASSES = {"te_grouped_linear": TEGroupedLinearExperts, "te_ops": TEOpsExperts}
+# What each backend runs of Transformer Engine, which a machine without it replaces by PyTorch.
+TE_PARTS = {"te_grouped_linear": "te.GroupedLinear", "te_ops": "te.ops' grouped MLP",
+            "te_permute_grouped_mm": "TE's permutation kernels"}
+
+
+def backend_label(experts: nn.Module) -> str:
+    """The experts module's backend as a figure's legend or a table should name it: the backend,
+    and where its Transformer Engine part does not run here (no TE, or not on a CUDA device),
+    what runs instead, e.g. "te_grouped_linear: pure-PyTorch stand-in of te.GroupedLinear"."""
+    backend = experts.backend
+    if backend not in TE_PARTS:
+        return backend
+    if isinstance(experts, _TEExperts):
+        runs_te = experts.uses_te
+    else:  # te_permute_grouped_mm on ExpertMLP: TE's kernels where its weights (and tokens) are on CUDA
+        runs_te = experts.gate_up_proj.is_cuda and hardware.transformer_engine() is not None
+    return backend if runs_te else f"{backend}: pure-PyTorch stand-in of {TE_PARTS[backend]}"
 
 
 def convert_experts(experts: nn.Module, backend: str, **options) -> nn.Module:

@@ -59,6 +59,13 @@ PANEL_TITLES = {
     "memory": "peak memory (GiB)",
     "loss": "training loss",
 }
+AXIS_TITLES = {  # each panel's y axis
+    "throughput": "{y_title}",
+    "speedup": "× {baseline}",
+    "memory": "GB",
+    "loss": "loss",
+}
+DASHBOARD_CLASS = "moe-live-dashboard"  # CSS class of a live dashboard's widget box (browser tests)
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692",
            "#B6E880", "#FF97FF", "#FECB52")
 
@@ -242,13 +249,78 @@ def show_table(table: Table) -> None:
 # ---------------------------------------------------------------------------------------------
 # Static figures
 
+def log_ticks(low: float, high: float) -> list[float]:
+    """Tick values for a logarithmic axis over data in [low, high] (both > 0): 1, 2 and 5 times
+    the powers of ten, or only the powers of ten over more than three decades; 1 to 9 times them
+    where that leaves fewer than two ticks inside; [] where even that does (a range this narrow
+    reads well with plotly's own ticks). One tick on each side beyond the data is included:
+    plotly draws it where the axis's padding reaches it and hides it otherwise. Plotly's default
+    on a log axis spanning about a decade labels the minor ticks by their first digit
+    ("3 2 100 9 8 7 6 5 4 3")."""
+    if not 0 < low <= high:
+        raise ValueError(f"a log axis needs 0 < low <= high, got {low!r}, {high!r}")
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    for mantissas in (((1,) if last - first > 3 else (1, 2, 5)), tuple(range(1, 10))):
+        ticks = [float(f"{m}e{e}") for e in range(first - 1, last + 2) for m in mantissas]
+        inside = [i for i, t in enumerate(ticks) if low * (1 - 1e-9) <= t <= high * (1 + 1e-9)]
+        if len(inside) >= 2:
+            return ticks[inside[0] - 1: inside[-1] + 2]
+    return []
+
+
+def tick_label(value: float) -> str:
+    """A tick value as a short label: 0.05, 2, 500, 2k, 10M."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
+_TYPED_ARRAYS = {"f8": "d", "f4": "f", "i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i",
+                 "u4": "I", "i8": "q", "u8": "Q"}
+
+
+def _numbers(values) -> list[float]:
+    """The finite numbers of a trace's x or y in plotly JSON (a list, or plotly's base64 typed
+    array {"dtype", "bdata"}); anything else (categories) is left out."""
+    if isinstance(values, dict) and values.get("dtype") in _TYPED_ARRAYS and "bdata" in values:
+        import array
+        import base64
+
+        typed = array.array(_TYPED_ARRAYS[values["dtype"]])
+        typed.frombytes(base64.b64decode(values["bdata"]))
+        values = typed.tolist()
+    if not isinstance(values, list):
+        return []
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v)]
+
+
+def label_log_axes(fig_json: dict) -> dict:
+    """Give every logarithmic axis of a figure (plotly JSON) that has no tick values of its own
+    the `log_ticks` of its data, labelled by `tick_label`. Returns `fig_json`, changed in place."""
+    layout = fig_json.setdefault("layout", {})
+    for name, axis in list(layout.items()):
+        if not (isinstance(axis, dict) and name[:5] in ("xaxis", "yaxis") and
+                axis.get("type") == "log" and "tickvals" not in axis):
+            continue
+        letter, ref = name[0], name[0] + name[5:]  # "yaxis2" -> trace["yaxis"] == "y2"
+        values = [v for trace in fig_json.get("data", [])
+                  if trace.get(f"{letter}axis", letter) == ref
+                  for v in _numbers(trace.get(letter)) if v > 0]
+        ticks = log_ticks(min(values), max(values)) if values else []
+        if ticks:
+            axis.update(tickmode="array", tickvals=ticks, ticktext=[tick_label(t) for t in ticks])
+    return fig_json
+
+
 def figure_bundle(fig) -> dict:
     """The display bundle of a static plotly figure: plotly's own JSON mimetype (JupyterLab
     renders it with its plotly extension, the course report with plotly.js) plus a line of text
-    for text-only readers (papermill logs, nbval)."""
+    for text-only readers (papermill logs, nbval). Log axes get 1-2-5 ticks (`label_log_axes`)."""
     import plotly.io as pio
 
-    fig_json = json.loads(pio.to_json(fig, validate=False))
+    fig_json = label_log_axes(json.loads(pio.to_json(fig, validate=False)))
     title = fig.layout.title.text or "figure"
     names = sorted({t.name for t in fig.data if t.name})
     text = f"<plotly figure: {title}; {len(fig.data)} traces" + (
@@ -311,6 +383,7 @@ class LiveDashboard:
         self.min_interval = 1.0 / max_updates_per_s
         self._clock = clock
         self.series: dict[str, list[_Point]] = {}
+        self.labels: dict[str, str] = {}  # variant -> what the legend and table call it
         self.updates = 0
         self.redraws = 0  # live redraws so far
         self.overhead_s = 0.0  # time spent drawing (live) and building the final figure
@@ -338,10 +411,14 @@ class LiveDashboard:
 
     # --- recording ---------------------------------------------------------------------------
     def update(self, variant: str, x: float, value: float, *, memory_gb: float | None = None,
-               **metrics: float) -> None:
+               label: str | None = None, **metrics: float) -> None:
         """Record one point (e.g. tokens/s of `variant` at step x). Call it outside timed
-        regions; it redraws only when the last redraw is at least 1/max_updates_per_s old."""
+        regions; it redraws only when the last redraw is at least 1/max_updates_per_s old.
+        `label`: what the legend and the table call the variant, where its name alone would
+        mislead (`experts.backend_label`: a TE backend that ran its pure-PyTorch stand-in)."""
         self.series.setdefault(variant, []).append(_Point(x, float(value), memory_gb, metrics))
+        if label is not None:
+            self.labels[variant] = label
         self.updates += 1
         if self.live and self._clock() - self._last_draw >= self._interval:
             self._redraw()
@@ -395,7 +472,7 @@ class LiveDashboard:
             headers.append("last loss")
         rows = []
         for r in self.summary():
-            row = [r["variant"], r["points"], format_value(r["last_x"]), r["last"], r["median"]]
+            row = [self.label(r["variant"]), r["points"], format_value(r["last_x"]), r["last"], r["median"]]
             if self.baseline:
                 row.append("" if r["speedup"] is None else f"{r['speedup']:.2f}x")
             row.append("not measured (CUDA only)" if r["peak_memory_gb"] is None
@@ -413,6 +490,10 @@ class LiveDashboard:
         return [PANEL_TITLES[p].format(y_title=self.y_title, baseline=self.baseline or "baseline")
                 for p in self.panels]
 
+    def label(self, variant: str) -> str:
+        """What the legend and the table call `variant` (see `update`'s `label`)."""
+        return self.labels.get(variant, variant)
+
     def _color(self, variant: str) -> str:
         return PALETTE[list(self.series).index(variant) % len(PALETTE)]
 
@@ -424,27 +505,27 @@ class LiveDashboard:
         if "throughput" in col:
             for name, points in self.series.items():
                 specs.append(((("throughput", name)), col["throughput"], dict(
-                    type="scatter", mode=mode, name=name, legendgroup=name,
+                    type="scatter", mode=mode, name=self.label(name), legendgroup=name,
                     x=[p.x for p in points], y=[p.value for p in points],
                     line=dict(color=self._color(name)))))
         if "speedup" in col:
             for name, pairs in self.speedups().items():
                 specs.append((("speedup", name), col["speedup"], dict(
-                    type="scatter", mode=mode, name=name, legendgroup=name, showlegend=False,
-                    x=[x for x, _ in pairs], y=[r for _, r in pairs],
+                    type="scatter", mode=mode, name=self.label(name), legendgroup=name,
+                    showlegend=False, x=[x for x, _ in pairs], y=[r for _, r in pairs],
                     line=dict(color=self._color(name)))))
         if "memory" in col:
             names = [n for n, pts in self.series.items() if any(p.memory_gb is not None for p in pts)]
             specs.append((("memory", ""), col["memory"], dict(
-                type="bar", name="peak memory", showlegend=False, x=names,
+                type="bar", name="peak memory", showlegend=False, x=[self.label(n) for n in names],
                 y=[max(p.memory_gb for p in self.series[n] if p.memory_gb is not None) for n in names],
                 marker=dict(color=[self._color(n) for n in names]))))
         if "loss" in col:
             for name, points in self.series.items():
                 pts = [p for p in points if "loss" in p.metrics]
                 specs.append((("loss", name), col["loss"], dict(
-                    type="scatter", mode=mode, name=name, legendgroup=name, showlegend=False,
-                    x=[p.x for p in pts], y=[p.metrics["loss"] for p in pts],
+                    type="scatter", mode=mode, name=self.label(name), legendgroup=name,
+                    showlegend=False, x=[p.x for p in pts], y=[p.metrics["loss"] for p in pts],
                     line=dict(color=self._color(name)))))
         return specs
 
@@ -457,6 +538,8 @@ class LiveDashboard:
             fig.update_xaxes(title_text=self.x_title if panel != "memory" else "",
                              type="log" if self.x_log and panel != "memory" else None,
                              row=1, col=i)
+            fig.update_yaxes(title_text=AXIS_TITLES[panel].format(
+                y_title=self.y_title, baseline=self.baseline or "baseline"), row=1, col=i)
         if "speedup" in self.panels:
             fig.add_hline(y=1.0, line=dict(color="gray", dash="dot"),
                           row=1, col=self.panels.index("speedup") + 1)
@@ -511,6 +594,7 @@ class LiveDashboard:
             self._status = ipywidgets.HTML(value="waiting for the first point…")
             self._widget = ipywidgets.VBox([
                 ipywidgets.HBox([self._progress, self._status]), self._figure_widget])
+            self._widget.add_class(DASHBOARD_CLASS)
             self._handle = _display(self._widget, display_id=True)
             self.live = True
         except Exception as exc:  # a broken widget stack must not stop the training loop
@@ -533,6 +617,8 @@ class LiveDashboard:
             for key, _, props in specs:
                 trace = fw.data[self._traces[key]]
                 trace.x, trace.y = props["x"], props["y"]
+                if trace.name != props["name"]:  # a label given after the trace was drawn
+                    trace.name = props["name"]
                 if props["type"] == "bar":
                     trace.marker.color = props["marker"]["color"]
             self._label_log_axis(fw, live=True)
@@ -542,7 +628,7 @@ class LiveDashboard:
         name, points = next(reversed(self.series.items()))
         last = points[-1]
         extra = "".join(f" · {k} {v:.3f}" for k, v in last.metrics.items() if k == "loss")
-        self._status.value = (f"&nbsp;{html.escape(name)}: {format_value(last.value)} "
+        self._status.value = (f"&nbsp;{html.escape(self.label(name))}: {format_value(last.value)} "
                               f"{html.escape(self.y_title)} at {html.escape(self.x_title)} "
                               f"{format_value(last.x)}{extra}")
         self.redraws += 1

@@ -1,9 +1,11 @@
 """JupyterLab + headless Chromium for the browser tests: start, drive, observe, shut down.
 
-JupyterLab runs on a copy of the course's notebooks (running cells in a browser saves outputs,
-and the committed notebooks must stay clean) with small mode in its environment. Chromium is
-Debian's (`apt-get install chromium`), driven by Playwright for Python through
-`executable_path` — Playwright's own browser download is not used.
+JupyterLab starts as `make lab` starts it (`python -m moe_tutorial lab`): the learner's working
+copy is prepared by `workspace.prepare_workspace` (here in a temporary folder, so running cells,
+which saves outputs, leaves the repository alone) and the server is started by
+`workspace.lab_argv`, with only the port, the token and "no browser" added, and small mode in its
+environment. Chromium is Debian's (`apt-get install chromium`), driven by Playwright for Python
+through `executable_path` — Playwright's own browser download is not used.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from moe_tutorial.widgets import DASHBOARD_CLASS
+from moe_tutorial.workspace import lab_argv, prepare_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -35,12 +40,10 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def jupyter_lab(folders: list[str], tmp: Path):
-    """A JupyterLab server on a copy of `folders`; yields (base_url, token). Always stopped."""
-    root = tmp / "course"
-    for folder in folders:
-        if (ROOT / folder).is_dir():
-            shutil.copytree(ROOT / folder, root / folder)
+def jupyter_lab(tmp: Path):
+    """JupyterLab as `make lab` runs it, on a working copy in `tmp/work`; yields
+    (base_url, token, workspace). Always stopped."""
+    workspace = prepare_workspace(ROOT, tmp / "work")
     settings = tmp / "lab-settings" / "@jupyterlab"
     for extension, name, values in [
             # No "get notified about Jupyter news?" toast over the notebook.
@@ -55,9 +58,8 @@ def jupyter_lab(folders: list[str], tmp: Path):
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "lab-workspaces")}
     log = open(tmp / "jupyterlab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
-         "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={token}",
-         f"--ServerApp.root_dir={root}", "--allow-root"],
+        lab_argv(workspace, ["--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+                             f"--ServerApp.token={token}"]),
         env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -71,7 +73,7 @@ def jupyter_lab(folders: list[str], tmp: Path):
                     raise RuntimeError(f"JupyterLab did not start; see {tmp / 'jupyterlab.log'}:\n"
                                        + (tmp / "jupyterlab.log").read_text()[-2000:])
                 time.sleep(0.5)
-        yield base, token
+        yield base, token, workspace
     finally:
         proc.terminate()
         try:
@@ -83,6 +85,9 @@ def jupyter_lab(folders: list[str], tmp: Path):
 
 # The notebook in the visible tab (a restored workspace may keep others open behind it).
 ACTIVE = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
+# A live dashboard's figure: the plotly FigureWidget in the dashboard's widget box (the static
+# figure that replaces it at the end is plotly's mime renderer's output, outside any widget).
+LIVE_FIGURE = f".{DASHBOARD_CLASS} .js-plotly-plot"
 
 
 class Notebook:
@@ -97,16 +102,12 @@ class Notebook:
         self.page.screenshot(path=str(path), full_page=False)
         return path
 
-    def screenshot_last_plot(self, label: str) -> Path | None:
-        """A picture of the newest plotly figure on the page (the one being drawn)."""
-        plots = self.page.locator(".js-plotly-plot")
+    def screenshot_live_figure(self, label: str) -> Path | None:
+        """A picture of the newest live dashboard figure on the page (the one being drawn)."""
+        plots = self.page.locator(f"{ACTIVE} {LIVE_FIGURE}")
         if plots.count() == 0:
             return None
-        plot = plots.last
-        plot.scroll_into_view_if_needed()
-        path = ARTIFACTS / f"{Path(self.name).stem}-{label}.png"
-        plot.screenshot(path=str(path))
-        return path
+        return self.screenshot_element(plots.last, label)
 
     def screenshot_plot(self, label: str, title: str) -> Path | None:
         """A picture of the plotly figure whose title contains `title`, or None."""
@@ -180,9 +181,32 @@ class Notebook:
                  .map(e => e.innerText)
                  .filter(t => t.includes('Traceback') || t.includes('Cell In[') || /^\\w+Error: /m.test(t))""")
 
-    def plot_points(self) -> int:
+    def live_figure_points(self) -> list[int]:
+        """For each live dashboard figure on the page (a plotly FigureWidget inside the
+        dashboard's widget box, not the static figure that replaces it at the end), how many
+        points its traces hold now, read from the figure's own data."""
         return self.page.evaluate(
-            "() => document.querySelectorAll('.js-plotly-plot .scatterlayer .point').length")
+            f"""() => [...document.querySelectorAll('{ACTIVE} {LIVE_FIGURE}')]
+                 .map(gd => (gd.data || []).reduce((n, t) => n + (t.x ? t.x.length : 0), 0))""")
+
+    def follow_link(self, target: str) -> None:
+        """Click the first link in the notebook whose address holds `target`, as a learner
+        does; JupyterLab opens a notebook it points to in a tab of its own."""
+        link = self.page.locator(f"{ACTIVE} a[href*={target!r}]").first
+        if link.count() == 0:
+            self.fail(f"{self.name} has no link to {target}")
+        link.scroll_into_view_if_needed()
+        link.click()
+
+    def file_browser_listing(self, folder: str) -> list[str]:
+        """Go to `folder` (under the server's root) in the file browser; the names it lists."""
+        exactly = re.compile(f"^{re.escape(folder)}$")
+        self.page.click(".jp-BreadCrumbs-home")
+        self.page.locator(".jp-DirListing-itemText").filter(has_text=exactly).dblclick()
+        self.page.locator(".jp-BreadCrumbs-item").filter(has_text=exactly).wait_for(timeout=15_000)
+        time.sleep(0.5)  # the listing follows the breadcrumbs
+        return self.page.evaluate(
+            "() => [...document.querySelectorAll('.jp-DirListing-itemText')].map(e => e.textContent)")
 
     def trace_names(self) -> set[str]:
         return set(self.page.evaluate(

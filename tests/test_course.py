@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -62,13 +63,79 @@ def test_report_is_self_contained_with_capabilities_and_closing_tables(setup_run
     assert "00 · setup: this machine and the data" in report  # the closing table
     assert "Plotly.newPlot" in report and "<script src=" not in report  # figures, plotly.js inlined
     assert "torch" in report and "papermill" in report  # versions
-    assert 'href="00_setup.ipynb"' in report
+    assert 'href="00_setup.html"' in report and 'href="00_setup.ipynb"' not in report
 
 
-def test_failing_notebook_stops_the_run_and_shows_its_error(tmp_path, capsys):
+def test_every_executed_notebook_has_an_html_rendering_next_to_it(setup_run):
+    """Readable without Jupyter: the page shows the notebook's text, outputs and closing table,
+    and draws its figures with the plotly.js written next to it."""
+    page = (setup_run.out_dir / "00_setup.html").read_text()
+    assert setup_run.runs[0].html == setup_run.out_dir / "00_setup.html"
+    assert "00 · setup: this machine and the data" in page and "course mode" in page
+    assert page.count("Plotly.newPlot(") >= 1
+    assert f'<script src="{course.PLOTLY_JS}"></script>' in page
+    assert "window.Plotly = Plotly" in (setup_run.out_dir / course.PLOTLY_JS).read_text()
+    assert "<plotly figure" not in page.split("</head>", 1)[1].replace("&lt;plotly figure", ""), \
+        "every figure is drawn, not shown as its text form"
+    manifest = json.loads((setup_run.out_dir / course.RUN_MANIFEST).read_text())["files"]
+    assert {"00_setup.ipynb", "00_setup.html", course.PLOTLY_JS, "report.html"} <= set(manifest)
+    executed = json.loads((setup_run.out_dir / "00_setup.ipynb").read_text())
+    assert "widgets" not in executed["metadata"]  # store_widget_state=False
+
+
+def test_the_html_rendering_embeds_the_images_the_notebook_links_to(tmp_path):
+    """A chapter's markdown shows `figures/*.svg` from next to the source notebook; the rendering
+    lives elsewhere (the run's folder), so it carries the picture itself."""
+    source = tmp_path / "course" / "02_x.ipynb"
+    (source.parent / "figures").mkdir(parents=True)
+    (source.parent / "figures" / "idea.svg").write_text(
+        '<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"><rect width="4" height="4"/></svg>')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("![the idea](figures/idea.svg)")])
+    nbformat.write(nb, source)
+    run = course.NotebookRun("02_x", source, tmp_path / "out" / "02_x.ipynb")
+    run.output.parent.mkdir()
+    nbformat.write(nb, run.output)
+    page = course.write_html(run).read_text()
+    assert 'src="data:image/svg+xml;base64,' in page and "figures/idea.svg" not in page
+    assert not [p.name for p in run.output.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_progress_says_where_the_run_is_and_for_how_long():
+    """A line as each code cell starts, and a line while a long cell runs on (no terminal needed)."""
+    lines, now = [], [100.0]
+    progress = course.CellProgress(lambda text, **_: lines.append(text), clock=lambda: now[0])
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# title"),
+                                         nbformat.v4.new_code_cell("x = 1"),
+                                         nbformat.v4.new_code_cell("\n\ntrain(model, steps=" + "9" * 80 + ")")])
+    with progress.notebook("[2/9] 02_grouped_linear"):
+        now[0] += 5
+        for index, cell in enumerate(nb.cells):
+            progress.cell_started(nb, cell, index)
+        now[0] += course.HEARTBEAT_S - 1
+        progress.beat()  # not yet
+        now[0] += 1
+        progress.beat()
+        progress.beat()  # said already
+        now[0] += 65
+        progress.beat()
+    assert lines == [
+        "[2/9] 02_grouped_linear · cell 1/2 · 5 s in this notebook, 5 s in all · x = 1",
+        "[2/9] 02_grouped_linear · cell 2/2 · 5 s in this notebook, 5 s in all · "
+        "train(model, steps=" + "9" * 38 + "...",  # the first line, cut at 60 characters
+        "[2/9] 02_grouped_linear · cell 2/2 still running, 30 s so far · "
+        "35 s in this notebook, 35 s in all",
+        "[2/9] 02_grouped_linear · cell 2/2 still running, 1 min 35 s so far · "
+        "1 min 40 s in this notebook, 1 min 40 s in all"]
+    progress.beat()  # outside a notebook: nothing runs, nothing to say
+    assert len(lines) == 4
+
+
+def test_failing_notebook_stops_the_run_and_shows_its_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(course, "HEARTBEAT_S", 0.4)
     nbs = tmp_path / "nbs"
     nbs.mkdir()
-    first = notebook(nbs / "01_fine.ipynb", "print('fine')", parameters="MODE = ''")
+    first = notebook(nbs / "01_fine.ipynb", "import time\ntime.sleep(1.5)", "print('fine')",
+                     parameters="MODE = ''")
     bad = notebook(nbs / "02_broken.ipynb", "x = 1", "raise ValueError('broken on purpose')")
     after = notebook(nbs / "03_after.ipynb", "print('never')")
     out = tmp_path / "out"
@@ -78,10 +145,19 @@ def test_failing_notebook_stops_the_run_and_shows_its_error(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "01_fine: ok" in printed and "02_broken: FAILED" in printed
     assert "ValueError: broken on purpose" in printed and "not run: 03_after" in printed
+    # the progress lines: each code cell as it starts (parameters, injected parameters, code),
+    # and the sleeping cell while it runs on
+    assert re.search(r"^\[1/3\] 01_fine · cell 3/4 · \d+ s in this notebook, \d+ s in all · "
+                     r"import time$", printed, re.M), printed
+    assert re.search(r"^\[1/3\] 01_fine · cell 3/4 still running, 1 s so far", printed, re.M)
+    assert re.search(r"^\[2/3\] 02_broken · cell 3/3 · .* · raise ValueError", printed, re.M)
     assert (out / "01_fine.ipynb").exists() and (out / "02_broken.ipynb").exists()
-    assert not (out / "03_after.ipynb").exists()
+    assert not (out / "03_after.ipynb").exists() and not (out / "03_after.html").exists()
+    rendered = (out / "02_broken.html").read_text()  # the failing notebook, its error in place
+    assert "ValueError</span>: broken on purpose" in rendered
     report = (out / "report.html").read_text()
     assert "broken on purpose" in report and "1 of 3 notebooks ran" in report
+    assert 'href="01_fine.html"' in report and 'href="02_broken.html"' in report
 
 
 def test_missing_notebooks_folder_is_not_an_error(tmp_path, monkeypatch, capsys):
@@ -161,7 +237,7 @@ def test_a_second_run_into_the_same_folder_is_refused(tmp_path, two_notebooks, f
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err == (f"error: --out {out} is not empty (it holds .moe-tutorial-run.json, "
-                   "01_a.ipynb, 02_b.ipynb, ...); give a new folder, or add --replace to replace "
+                   "01_a.html, 01_a.ipynb, ...); give a new folder, or add --replace to replace "
                    "an earlier run there\n")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     assert main([*args, "--replace"]) == 0
@@ -178,12 +254,14 @@ def test_replace_after_a_killed_run_leaves_no_old_report(tmp_path, two_notebooks
     killed = two_notebooks[:1] + [notebook(two_notebooks[1].parent / "03_c.ipynb", "STOP")]
     with pytest.raises(KeyboardInterrupt):
         course.run_course(killed, out, mode="small", replace=True)
-    assert sorted(p.name for p in out.iterdir()) == [".moe-tutorial-run.json", "01_a.ipynb",
-                                                     "03_c.ipynb", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".moe-tutorial-run.json", "01_a.html",
+                                                     "01_a.ipynb", "03_c.ipynb", "notes.txt",
+                                                     course.PLOTLY_JS]
     assert (out / "notes.txt").read_text() == "mine", "not the runner's file: left alone"
     done = course.run_course(two_notebooks, out, mode="small", replace=True)
     assert done.ok and "all notebooks ran" in done.report.read_text()
     assert not (out / "03_c.ipynb").exists(), "the killed run's file is gone with it"
+    assert (out / "02_b.html").exists() and 'href="02_b.html"' in done.report.read_text()
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -201,6 +279,20 @@ def test_a_run_never_writes_into_the_course(folder, fake_checkout, fast_papermil
     err = capsys.readouterr().err
     assert f"is inside the course's own {folder}/ folder" in err and "--out runs/mine" in err
     assert snapshot(fake_checkout) == before
+
+
+def test_a_notebook_that_cannot_be_rendered_says_so(tmp_path, two_notebooks, fast_papermill,
+                                                   monkeypatch, capsys):
+    """The run's results stand without their HTML rendering, and the report says why it is
+    missing instead of linking nothing."""
+    def cannot_render(run):
+        raise ValueError(f"no template for {run.name}")
+
+    monkeypatch.setattr(course, "write_html", cannot_render)
+    done = course.run_course(two_notebooks, tmp_path / "out", mode="small")
+    assert done.ok and not (tmp_path / "out" / "01_a.html").exists()
+    assert "01_a: no HTML rendering (ValueError: no template for 01_a)" in capsys.readouterr().out
+    assert "not rendered (ValueError: no template for 01_a): 01_a.ipynb" in done.report.read_text()
 
 
 def test_a_parameter_cannot_contradict_the_mode(tmp_path, two_notebooks, fast_papermill, capsys):

@@ -162,6 +162,7 @@ def test_live_redraws_are_throttled_and_end_as_a_static_figure(monkeypatch):
     now = [0.0]
     dash = LiveDashboard("live", baseline="naive", total=2000, clock=lambda: now[0])
     assert dash.live and len(shown) == 1  # the widget box
+    assert widgets.DASHBOARD_CLASS in shown[0]._dom_classes  # what the browser tests look for
     for step in range(1000):  # 1000 updates over 10 simulated seconds
         now[0] += 0.01
         dash.update("naive", step, 100.0 + step)
@@ -357,3 +358,107 @@ def test_a_failed_measurement_shows_in_the_explorer(monkeypatch):
 def test_a_skew_explorer_refuses_bad_options_before_drawing(options, match):
     with pytest.raises(ValueError, match=match):
         widgets.SkewExplorer(**{**SKEW_SIZES, **options})
+
+
+# --- axes and labels -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("low, high, ticks", [  # with one tick beyond the data on each side
+    (28, 270, [20, 50, 100, 200, 500]),  # about a decade: 1-2-5, not "3 2 100 9 8 7 6 5 4 3"
+    (0.3, 40, [0.2, 0.5, 1, 2, 5, 10, 20, 50]),
+    (1, 1e6, [0.1, 1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7]),  # over three decades: decades only
+    (30, 80, [20, 30, 40, 50, 60, 70, 80, 90]),  # no two 1-2-5 values inside: every 1-9 multiple
+    (28, 35, []),  # narrower still: plotly's own ticks
+])
+def test_log_ticks_are_decades_or_1_2_5(low, high, ticks):
+    assert widgets.log_ticks(low, high) == pytest.approx(ticks)
+
+
+def test_log_ticks_refuse_a_range_a_log_axis_cannot_show():
+    with pytest.raises(ValueError, match="0 < low <= high"):
+        widgets.log_ticks(0, 10)
+
+
+def test_a_figure_shows_its_log_axes_with_clean_labels():
+    """A displayed figure (what notebook 02 ends with: a log y axis over ~28-270 ms) gets 1-2-5
+    ticks labelled as numbers; an axis with ticks of its own and a linear axis are left alone."""
+    from plotly.subplots import make_subplots
+
+    fig = go.Figure(make_subplots(rows=1, cols=2))
+    fig.add_trace(go.Scatter(x=[2, 4, 64], y=[28.0, 41.5, 270.0]), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[2, 4, 64], y=[1.0, 1.2, 5.0]), row=1, col=2)
+    fig.update_xaxes(type="log", tickvals=[2, 4, 64], row=1, col=1)
+    fig.update_yaxes(type="log", row=1, col=1)
+    layout = widgets.figure_bundle(fig)[PLOTLY_MIME]["layout"]
+    assert layout["yaxis"]["tickvals"] == [20, 50, 100, 200, 500]
+    assert layout["yaxis"]["ticktext"] == ["20", "50", "100", "200", "500"]
+    assert layout["xaxis"]["tickvals"] == [2, 4, 64] and "ticktext" not in layout["xaxis"]
+    assert "tickvals" not in layout["yaxis2"]
+    assert fig.layout.yaxis.tickvals is None, "the caller's figure is not changed"
+    assert [widgets.tick_label(v) for v in (0.05, 2, 500, 2000, 1.5e4, 1e7)] == [
+        "0.05", "2", "500", "2k", "15k", "10M"]
+
+
+def test_log_ticks_read_plotlys_typed_arrays():
+    np = pytest.importorskip("numpy")
+    fig = go.Figure(go.Scatter(x=[1, 2, 3], y=np.array([3.0, 12.0, 40.0])))
+    fig.update_yaxes(type="log")
+    layout = widgets.figure_bundle(fig)[PLOTLY_MIME]["layout"]
+    assert layout["yaxis"]["tickvals"] == [2, 5, 10, 20, 50]
+
+
+def test_every_live_panel_has_a_y_axis_title():
+    dash = LiveDashboard("titles", baseline="naive", panels=("throughput", "speedup", "memory", "loss"))
+    _fill(dash)
+    fig = dash.figure()
+    titles = [fig.layout[f"yaxis{'' if i == 1 else i}"].title.text for i in range(1, 5)]
+    assert titles == ["tokens/s", "× naive", "GB", "loss"]
+    widget = dash._empty_figure(go.FigureWidget)  # the live figure is laid out the same way
+    assert widget.layout.yaxis.title.text == "tokens/s" and widget.layout.yaxis2.title.text == "× naive"
+
+
+STAND_IN = "te_grouped_linear: pure-PyTorch stand-in of te.GroupedLinear"
+
+
+def test_a_label_names_a_variant_in_the_legend_and_the_table(capsys):
+    """A TE backend that ran its stand-in is drawn and tabled as what it is; its points and
+    its speedup still key on the variant."""
+    dash = LiveDashboard("labels", baseline="naive", x_title="experts", panels=("throughput", "speedup"))
+    for x in (2, 4):
+        dash.update("naive", x, 100.0)
+        dash.update("te_grouped_linear", x, 150.0, label=STAND_IN)
+    fig = dash.finish()
+    assert {t.name for t in fig.data} == {"naive", STAND_IN}
+    assert dash.speedups() == {"te_grouped_linear": [(2, 1.5), (4, 1.5)]}
+    assert STAND_IN in dash.table().text() and STAND_IN in capsys.readouterr().out
+
+
+def test_a_label_given_later_renames_the_live_trace(monkeypatch):
+    pytest.importorskip("anywidget")
+    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: _Handle() if kw.get("display_id") else None)
+    now = [0.0]
+    dash = LiveDashboard("live labels", baseline="naive", panels=("throughput",), clock=lambda: now[0])
+    dash.update("te_grouped_linear", 1, 1.0)
+    now[0] += 1
+    dash.update("te_grouped_linear", 2, 1.0, label=STAND_IN)
+    assert dash.redraws == 2
+    assert [t.name for t in dash._figure_widget.data] == [STAND_IN]
+    assert STAND_IN in dash._status.value
+
+
+def test_a_te_backend_without_te_is_labelled_as_its_stand_in():
+    torch = pytest.importorskip("torch")
+    from moe_tutorial import experts
+
+    mlp = experts.ExpertMLP(4, 8, 16, "grouped_torch")
+    assert experts.backend_label(mlp) == "grouped_torch"
+    te = experts.convert_experts(mlp, "te_grouped_linear")
+    ops = experts.convert_experts(mlp, "te_ops")
+    if torch.cuda.is_available() and te.uses_te:  # where TE runs, the backend is what it says
+        assert experts.backend_label(te) == "te_grouped_linear"
+        return
+    assert not te.uses_te and experts.backend_label(te) == STAND_IN
+    assert experts.backend_label(ops) == "te_ops: pure-PyTorch stand-in of te.ops' grouped MLP"
+    mlp.backend = "te_permute_grouped_mm"  # on the CPU: routing.permute instead of TE's kernels
+    assert experts.backend_label(mlp) == ("te_permute_grouped_mm: pure-PyTorch stand-in of "
+                                          "TE's permutation kernels")

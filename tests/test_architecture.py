@@ -11,7 +11,7 @@ PACKAGE = ROOT / "moe_tutorial"
 # Lowest first. A module may import modules of its own layer or below, never above.
 LAYERS = [
     ("foundations: no imports from the package",
-     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "workspace", "families",
+     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "workspace", "safe_io", "families",
       "__init__"}),
     ("configuration", {"config"}),
     ("measuring: clocks, FLOP counts, peaks, memory", {"timing"}),

@@ -21,6 +21,6 @@ COPY . .
 # The course: .venv sees the container's packages (--system-site-packages) and is held at its
 # torch, so neither torch nor TE is installed again; a stamp lets every later command start
 # without the network.
-RUN python3 -m moe_tutorial.bootstrap --extras course,hf
+RUN python3 -m tools.bootstrap --extras course,hf
 EXPOSE 8888
-CMD ["python3", "-m", "moe_tutorial.bootstrap", "--extras", "course,hf", "--", "-m", "moe_tutorial", "lab", "--", "--ip=0.0.0.0", "--port=8888", "--no-browser"]
+CMD ["python3", "-m", "tools.bootstrap", "--extras", "course,hf", "--", "-m", "moe_tutorial", "lab", "--", "--ip=0.0.0.0", "--port=8888", "--no-browser"]

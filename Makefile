@@ -1,5 +1,5 @@
 # The course's commands. Each sets up what it needs, from the system's python3 alone
-# (moe_tutorial/bootstrap.py): the active virtual or conda environment, else .venv in this
+# (tools/bootstrap.py): the active virtual or conda environment, else .venv in this
 # repository (created on first use, seeing the system's torch where it has one); the CPU build of
 # torch on a machine without an NVIDIA GPU; then the course with the extras the command needs.
 # Once installed, a command starts straight away, without the network, until pyproject.toml or
@@ -12,7 +12,7 @@ LAB_FLAGS ?=
 # pytest's options for `make test`: parallel workers, one per core; tests sharing a
 # module-scoped fixture stay on one worker (tests/conftest.py)
 PYTEST_FLAGS ?= -n auto --dist loadscope --no-loadscope-reorder
-BOOTSTRAP = $(PYTHON) -m moe_tutorial.bootstrap
+BOOTSTRAP = $(PYTHON) -m tools.bootstrap
 
 .DEFAULT_GOAL := help
 .PHONY: help lab course test gpu lock
@@ -49,7 +49,7 @@ gpu:
 lock:
 	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
 	.lock-venv/bin/pip install --quiet pip-tools
-	$(PYTHON) -c 'from moe_tutorial.bootstrap import CPU_TORCH; print(CPU_TORCH + "+cpu")' \
+	$(PYTHON) -c 'from tools.bootstrap import CPU_TORCH; print(CPU_TORCH + "+cpu")' \
 	  > .lock-venv/torch-cpu.txt
 	CUSTOM_COMPILE_COMMAND='make lock' .lock-venv/bin/pip-compile --quiet --extra test --extra course --extra hf --strip-extras \
 	  --allow-unsafe --no-emit-find-links --no-emit-index-url --no-emit-trusted-host \

@@ -16,10 +16,11 @@ import json
 
 import torch
 
-from moe_tutorial import bench, hardware
-from moe_tutorial.experts import ExpertMLP, convert_experts
-from moe_tutorial.recipes import recipe_for
-from moe_tutorial.routing import route
+from moe_tutorial.moe.experts import ExpertMLP, convert_experts
+from moe_tutorial.moe.routing import route
+from moe_tutorial.perf import bench
+from moe_tutorial.precision import hardware
+from moe_tutorial.precision.recipes import recipe_for
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_tutorial import course
+from moe_tutorial.course import runner as course
 
 
 def notebook(path: Path, *sources: str, parameters: str = "") -> Path:

@@ -11,9 +11,11 @@ import time
 import pytest
 import torch
 
-from moe_tutorial import analyze, decide, experts, hardware, memory, skew
-from moe_tutorial.__main__ import main
-from moe_tutorial.config import PRESETS, MoEConfig, preset
+from moe_tutorial.cli import main
+from moe_tutorial.moe import experts
+from moe_tutorial.moe.config import PRESETS, MoEConfig, preset
+from moe_tutorial.perf import analyze, decide, memory, skew
+from moe_tutorial.precision import hardware
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 SECTIONS = ("1. Parameters", "2. Expert GEMMs", "3. Padding", "4. Fused grouped MLP",

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from moe_tutorial import checks, recipes, routing
+from moe_tutorial.course import checks
+from moe_tutorial.moe import routing
+from moe_tutorial.precision import recipes
 
 ref = checks.reference
 

@@ -14,10 +14,11 @@ import sys
 import pytest
 import torch
 
-from moe_tutorial import bench, checkpoint, data
-from moe_tutorial.__main__ import main
-from moe_tutorial.data import FastaFormatError, ProteinTokenizer
-from moe_tutorial.train import TrainSettings
+from moe_tutorial.cli import main
+from moe_tutorial.perf import bench
+from moe_tutorial.train import checkpoint, data
+from moe_tutorial.train.data import FastaFormatError, ProteinTokenizer
+from moe_tutorial.train.loop import TrainSettings
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
 
@@ -155,7 +156,7 @@ def test_train_batch_larger_than_the_data_is_refused_before_training(capsys, mon
     real = data.load_protein_data
     monkeypatch.setattr(data, "load_protein_data",
                         lambda seq_len, seed: real(seq_len, seed=seed, path=small_fasta))
-    monkeypatch.setattr("moe_tutorial.model.MoEForCausalLM", lambda *a, **k: pytest.fail("built"))
+    monkeypatch.setattr("moe_tutorial.moe.model.MoEForCausalLM", lambda *a, **k: pytest.fail("built"))
     refused(capsys, ["train", "--preset", "tiny", "--batch-size", "1000"], "--batch-size 1000",
             "choose at most")
 

@@ -14,8 +14,8 @@ pytest.importorskip("papermill")
 
 from course_helpers import notebook, snapshot  # noqa: E402
 
-from moe_tutorial import course  # noqa: E402
-from moe_tutorial.__main__ import main  # noqa: E402
+from moe_tutorial.cli import main  # noqa: E402
+from moe_tutorial.course import runner as course  # noqa: E402
 
 REGION = ("def double(x):\n    ### BEGIN SOLUTION\n    ### HINT: multiply by two\n"
           "    return 2 * x\n    ### END SOLUTION\n")

@@ -12,8 +12,8 @@ import re
 import pytest
 import torch
 
-from moe_tutorial import quant, routing
-from moe_tutorial.experts import (
+from moe_tutorial.moe import routing
+from moe_tutorial.moe.experts import (
     ExpertMLP,
     ReferenceGroupedLinear,
     TEGroupedLinearExperts,
@@ -21,6 +21,7 @@ from moe_tutorial.experts import (
     grouped_mm,
     torch_ops,
 )
+from moe_tutorial.precision import quant
 
 NUM_EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K = 4, 16, 8, 5, 2
 g = torch.Generator().manual_seed(0)

@@ -6,9 +6,9 @@ import re
 import pytest
 import torch
 
-from moe_tutorial import hf_baseline
-from moe_tutorial.config import MoEConfig, course_mode, preset
-from moe_tutorial.model import IGNORE_INDEX, MoEForCausalLM, next_token_targets
+from moe_tutorial.moe import hf_baseline
+from moe_tutorial.moe.config import MoEConfig, course_mode, preset
+from moe_tutorial.moe.model import IGNORE_INDEX, MoEForCausalLM, next_token_targets
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 

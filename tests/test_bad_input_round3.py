@@ -22,15 +22,23 @@ import pytest
 import torch
 from course_helpers import notebook
 
-from moe_tutorial import checkpoint, data, dist_checkpoint, safe_io, train_dist
-from moe_tutorial.__main__ import main
-from moe_tutorial.checkpoint import CheckpointError, Checkpointing
-from moe_tutorial.config import MoEConfig, preset
-from moe_tutorial.experts import ExpertMLP
-from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.routing import Router
-from moe_tutorial.train import (TrainingDiverged, TrainSettings, _settings_dict, check_learned,
-                                train)
+from moe_tutorial import safe_io
+from moe_tutorial.cli import main
+from moe_tutorial.moe.config import MoEConfig, preset
+from moe_tutorial.moe.experts import ExpertMLP
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.moe.routing import Router
+from moe_tutorial.parallel import dist_checkpoint
+from moe_tutorial.perf import train_dist
+from moe_tutorial.train import checkpoint, data
+from moe_tutorial.train.checkpoint import CheckpointError, Checkpointing
+from moe_tutorial.train.loop import (
+    TrainingDiverged,
+    TrainSettings,
+    _settings_dict,
+    check_learned,
+    train,
+)
 
 SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -501,7 +509,7 @@ def test_train_lr_that_diverges_is_one_line_and_exit_1(capsys, monkeypatch):
         raise TrainingDiverged("step 3: loss=nan — training diverged (lr=1e+06). Lower the "
                                "learning rate")
 
-    monkeypatch.setattr("moe_tutorial.train.train", diverging)
+    monkeypatch.setattr("moe_tutorial.train.loop.train", diverging)
     monkeypatch.setattr(data, "load_protein_data", lambda *a, **k: data.ProteinData(
         train=torch.randint(3, 23, (8, 65)), val=torch.randint(3, 23, (4, 65)),
         tokenizer=data.ProteinTokenizer(), num_sequences=8, unigram_nats=3.0, source=None))

@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
-from moe_tutorial import bench, timing
-from moe_tutorial.__main__ import main
-from moe_tutorial.config import preset
+from moe_tutorial.cli import main
+from moe_tutorial.moe.config import preset
+from moe_tutorial.perf import bench, timing
 
 
 def test_skewed_routing_is_skewed():
@@ -37,7 +37,7 @@ def test_expert_layer_bench_checks_before_timing():
 def test_cutlass_variant_sets_tes_switch_for_forward_and_backward(monkeypatch):
     """`<backend>+cutlass` runs forward and backward with NVTE_USE_CUTLASS_GROUPED_GEMM=1 (TE
     reads it at each GEMM call), says so in the path, and restores the environment after."""
-    from moe_tutorial import experts
+    from moe_tutorial.moe import experts
 
     monkeypatch.delenv(experts.CUTLASS_GROUPED_GEMM_ENV, raising=False)
     seen = []
@@ -65,7 +65,7 @@ def test_cutlass_variant_sets_tes_switch_for_forward_and_backward(monkeypatch):
 
 
 def test_cutlass_variants_only_on_hopper_with_te():
-    from moe_tutorial import hardware
+    from moe_tutorial.precision import hardware
 
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
     blackwell = hardware.evaluate(hardware.fake_environment("blackwell"))
@@ -76,7 +76,7 @@ def test_cutlass_variants_only_on_hopper_with_te():
 
 
 def test_a_wrong_variant_is_reported_not_timed(monkeypatch):
-    from moe_tutorial import experts
+    from moe_tutorial.moe import experts
 
     real = experts.grouped_torch_experts
     monkeypatch.setitem(experts.BACKENDS, "grouped_torch",
@@ -209,7 +209,7 @@ def test_fp8_rows_quote_mfu_against_the_fp8_peak_and_say_which():
 def test_family_shapes_are_the_shipped_configs():
     """The expert-layer benchmark's Qwen3-MoE and OLMoE shapes are those of the configs the
     course ships (moe_tutorial/configs/), as `analyze` reads them: one source of truth."""
-    from moe_tutorial import analyze
+    from moe_tutorial.perf import analyze
 
     for shape, config in (("qwen3_30b_a3b", "qwen3-moe-30b-a3b"), ("olmoe_1b_7b", "olmoe-1b-7b")):
         bench_shape = bench.EXPERT_SHAPES[shape]
@@ -257,7 +257,7 @@ def test_compiled_candidates_take_the_same_step():
     the compiled loss and the compiled AdamW step (after the backward pass, or per layer inside
     it) move the weights as the eager ones do, and a learning-rate schedule reaches the compiled
     step through its tensor learning rate."""
-    from moe_tutorial.train import set_learning_rate
+    from moe_tutorial.train.loop import set_learning_rate
 
     config = preset("tiny").with_overrides(dtype="float32")
     ids = torch.randint(0, config.vocab_size, (1, 17))

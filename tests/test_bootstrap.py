@@ -1,4 +1,4 @@
-"""The README's commands set themselves up from the system's python3 (moe_tutorial/bootstrap.py).
+"""The README's commands set themselves up from the system's python3 (tools/bootstrap.py).
 
 The environments a learner starts from are played by fake interpreters: small scripts standing in
 for `python`, which answer what the bootstrap asks (is torch there? which TE?), create virtual
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_tutorial import bootstrap
+from tools import bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,14 +118,14 @@ def checkout(tmp_path, monkeypatch):
 
 
 def test_bootstrap_needs_only_the_standard_library():
-    tree = ast.parse((ROOT / "moe_tutorial" / "bootstrap.py").read_text())
+    tree = ast.parse((ROOT / "tools" / "bootstrap.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert imported - {"__future__"} <= set(sys.stdlib_module_names), imported
     # and it starts with site-packages switched off (-S): nothing installed is needed to run it
-    out = subprocess.run([sys.executable, "-S", "-m", "moe_tutorial.bootstrap", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-S", "-m", "tools.bootstrap", "--help"], cwd=ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 0 and "--extras" in out.stdout, out.stderr
 

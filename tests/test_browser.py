@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from browser_lab import ACTIVE, CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
 
-from moe_tutorial import hardware
-from moe_tutorial.widgets import (
+from moe_tutorial.perf.widgets import (
     SKEW_EXPLORER_CLASS,
     SKEW_OUTPUT_CLASS,
     SKEW_SLIDER_CLASS,
 )
+from moe_tutorial.precision import hardware
 
 pytestmark = pytest.mark.browser
 # Seconds a notebook's Run All may take in small mode: generous, because on 2 cores shared with

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_tutorial import course
-from moe_tutorial.__main__ import main
+from moe_tutorial.cli import main
+from moe_tutorial.course import runner as course
 
 ROOT = Path(__file__).resolve().parents[1]
 

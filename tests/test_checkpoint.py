@@ -11,13 +11,13 @@ import time
 import pytest
 import torch
 
-from moe_tutorial import checkpoint
-from moe_tutorial.__main__ import main
-from moe_tutorial.checkpoint import CheckpointError, Checkpointing
-from moe_tutorial.config import preset
-from moe_tutorial.data import load_protein_data
-from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.train import TrainSettings, train
+from moe_tutorial.cli import main
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.train import checkpoint
+from moe_tutorial.train.checkpoint import CheckpointError, Checkpointing
+from moe_tutorial.train.data import load_protein_data
+from moe_tutorial.train.loop import TrainSettings, train
 
 STEPS, EVERY, KILL_AT = 12, 4, 7  # killed inside step 7 (0-based): steps 4-6 are lost work
 CLI = ["train", "--preset", "tiny", "--steps", str(STEPS), "--batch-size", "64",
@@ -28,8 +28,8 @@ CLI = ["train", "--preset", "tiny", "--steps", str(STEPS), "--batch-size", "64",
 # checkpoint was written, mid-way through a step, like a preempted job.
 RUN = """
 import os, signal, sys
-from moe_tutorial import train as loop
-from moe_tutorial.__main__ import main
+from moe_tutorial.train import loop
+from moe_tutorial.cli import main
 kill = sys.argv[1] == "kill"
 step_of = loop.train_step
 calls = 0

@@ -1,4 +1,4 @@
-"""moe_tutorial.checks: every check passes the solution, says "not implemented yet" for the stub,
+"""moe_tutorial.course.checks: every check passes the solution, says "not implemented yet" for the stub,
 and diagnoses plausible wrong answers in one sentence; no check ever raises.
 
 The solution and the stub of every exercise are taken from the notebooks themselves
@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from moe_tutorial import checks, routing
+from moe_tutorial.course import checks
+from moe_tutorial.moe import routing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -999,7 +1000,7 @@ def test_pick(capsys):
     assert checks.pick(mine, routing.route, True) is mine
     assert "use your `mine`" in capsys.readouterr().out
     assert checks.pick(mine, routing.route, False) is routing.route
-    assert "reference (moe_tutorial.routing.route) until your `mine` passes" in capsys.readouterr().out
+    assert "reference (moe_tutorial.moe.routing.route) until your `mine` passes" in capsys.readouterr().out
     checks.pick(mine, checks.reference.expert_loop, False)
     assert "(experts.naive_experts" in capsys.readouterr().out
 
@@ -1021,7 +1022,7 @@ def test_torch_ops_match_te_semantics():
     """checks.torch_ops (experts.torch_ops, what TEOpsExperts runs without TE): TE's constructor
     defaults (bias=True), parameter names and calling convention; the chain runs each expert's
     MLP, scaled SwiGLU in between, on that expert's block of rows."""
-    from moe_tutorial import experts
+    from moe_tutorial.moe import experts
 
     ops = checks.torch_ops
     assert ops is experts.torch_ops

@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from moe_tutorial.__main__ import main
+from moe_tutorial.cli import main
 
 
 def test_info_prints_the_capability_table(capsys):

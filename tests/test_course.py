@@ -13,8 +13,8 @@ pytest.importorskip("papermill")
 
 from course_helpers import notebook, snapshot  # noqa: E402
 
-from moe_tutorial import course  # noqa: E402
-from moe_tutorial.__main__ import main  # noqa: E402
+from moe_tutorial.cli import main  # noqa: E402
+from moe_tutorial.course import runner as course  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP = ROOT / "notebooks" / "00_setup.ipynb"

@@ -1,4 +1,4 @@
-"""moe_tutorial.data: tokenizer, FASTA reader, shipped data set, split, packing, batches."""
+"""moe_tutorial.train.data: tokenizer, FASTA reader, shipped data set, split, packing, batches."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from moe_tutorial.data import (
+from moe_tutorial.train.data import (
     BOS_ID,
     DEFAULT_FASTA,
     EOS_ID,

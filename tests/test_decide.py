@@ -1,4 +1,4 @@
-"""The decision sweep (`moe_tutorial.decide`): the grid, which variants run where (and why not),
+"""The decision sweep (`moe_tutorial.perf.decide`): the grid, which variants run where (and why not),
 a real sweep of tiny shapes on this CPU, the map's thresholds on hand-built speedups whose
 answer is known, the one-line rule, the committed H200 map, and the display."""
 
@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from moe_tutorial import bench, decide, hardware, widgets
-from moe_tutorial.bench import ExpertShape
+from moe_tutorial.perf import bench, decide, widgets
+from moe_tutorial.perf.bench import ExpertShape
+from moe_tutorial.precision import hardware
 
 
 def _caps(kind, **overrides):

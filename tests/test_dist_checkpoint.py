@@ -26,13 +26,13 @@ import torch._dynamo  # FSDP2 imports it (2.6 s): here, ranks.run's launcher, no
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from moe_tutorial import dist_checkpoint, distributed, ranks
-from moe_tutorial.checkpoint import CheckpointError
-from moe_tutorial.config import preset
-from moe_tutorial.lesson import rel_error
-from moe_tutorial.model import MoEForCausalLM, next_token_targets
-from moe_tutorial.train import TrainSettings, learning_rate, make_optimizer, train_step
-from moe_tutorial.train_dist import _global_batch
+from moe_tutorial.course.lesson import rel_error
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.parallel import dist_checkpoint, distributed, ranks
+from moe_tutorial.perf.train_dist import _global_batch
+from moe_tutorial.train.checkpoint import CheckpointError
+from moe_tutorial.train.loop import TrainSettings, learning_rate, make_optimizer, train_step
 
 CONFIG = preset("tiny", aux_loss_coef=0.0)  # the aux loss is per rank: it differs by layout
 SETTINGS = TrainSettings(steps=8, warmup_steps=2, lr=1e-2, grad_clip=None)

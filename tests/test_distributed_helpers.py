@@ -6,9 +6,9 @@ collectives replaced by recording fakes: no process group needed)."""
 import pytest
 import torch
 
-from moe_tutorial import distributed
-from moe_tutorial.config import preset
-from moe_tutorial.model import MoEForCausalLM
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.parallel import distributed
 
 
 def test_allreduce_volumes_per_layout():

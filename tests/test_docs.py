@@ -1,5 +1,5 @@
 """The documents' measured numbers and the README's chart agree with benchmarks/results/
-(moe_tutorial.docs), and the README is a front door: short, and its first screen says what a
+(tools.docs), and the README is a front door: short, and its first screen says what a
 newcomer needs."""
 
 import copy
@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from moe_tutorial import docs
-from moe_tutorial.__main__ import main
+from moe_tutorial.cli import main
+from tools import docs
 
 BENCHMARKS = "docs/benchmarks.md"
 

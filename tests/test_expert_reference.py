@@ -20,10 +20,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moe_tutorial import distributed, ranks
-from moe_tutorial.config import MoEConfig, preset
-from moe_tutorial.experts import EXPERT_BACKENDS, ExpertMLP, convert_experts
-from moe_tutorial.model import MoEForCausalLM
+from moe_tutorial.moe.config import MoEConfig, preset
+from moe_tutorial.moe.experts import EXPERT_BACKENDS, ExpertMLP, convert_experts
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.parallel import distributed, ranks
 
 REFERENCE = Path(__file__).parent / "data" / "expert_reference.pt"
 # Small enough that the saved file stays a few KB, and rows of 16 bytes or more (bf16 hidden 8),

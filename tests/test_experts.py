@@ -3,9 +3,9 @@ import json
 import pytest
 import torch
 
-from moe_tutorial.bench import EXPERT_SHAPES, ROOT
-from moe_tutorial.experts import BACKENDS, ExpertMLP, default_backend, grouped_mm
-from moe_tutorial.routing import route
+from moe_tutorial.moe.experts import BACKENDS, ExpertMLP, default_backend, grouped_mm
+from moe_tutorial.moe.routing import route
+from moe_tutorial.perf.bench import EXPERT_SHAPES, ROOT
 
 
 def _experts(E=4, H=16, I=24, dtype=torch.float32):

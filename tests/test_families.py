@@ -12,16 +12,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moe_tutorial import families, ranks
-from moe_tutorial.config import MoEConfig
-from moe_tutorial.experts import EXPERT_BACKENDS, convert_experts
-from moe_tutorial.model import MoEBlock, MoEForCausalLM, next_token_targets
-from moe_tutorial.routing import (
+from moe_tutorial.moe import families
+from moe_tutorial.moe.config import MoEConfig
+from moe_tutorial.moe.experts import EXPERT_BACKENDS, convert_experts
+from moe_tutorial.moe.model import MoEBlock, MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.routing import (
     Router,
     group_limited_top_k,
     route_sigmoid,
     update_correction_bias,
 )
+from moe_tutorial.parallel import ranks
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 

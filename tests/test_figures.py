@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_tutorial import analyze, distributed, families, quant, recipes, routing
+from moe_tutorial.moe import families, routing
+from moe_tutorial.parallel import distributed
+from moe_tutorial.perf import analyze
+from moe_tutorial.precision import quant, recipes
 
 FIGURES = Path(__file__).resolve().parents[1] / "notebooks" / "figures"
 NS = {"svg": "http://www.w3.org/2000/svg"}

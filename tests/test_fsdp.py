@@ -8,9 +8,10 @@ the same mode through torchrun for the other layouts and backends."""
 import pytest
 import torch
 
-from moe_tutorial import distributed, ranks, train_dist
-from moe_tutorial.config import preset
-from moe_tutorial.model import MoEForCausalLM
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.parallel import distributed, ranks
+from moe_tutorial.perf import train_dist
 
 # As in test_distributed: fp32 sums in another order (~1e-7); a gradient divided by dp instead
 # of the world size, or reduced over the wrong group, is off by >= 1e-1.

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from moe_tutorial import hardware
-from moe_tutorial.config import preset
-from moe_tutorial.experts import ExpertMLP, convert_experts, dispatch, interleave_glu
-from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.recipes import supported_recipes
-from moe_tutorial.routing import permute, route
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.experts import ExpertMLP, convert_experts, dispatch, interleave_glu
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.moe.routing import permute, route
+from moe_tutorial.precision import hardware
+from moe_tutorial.precision.recipes import supported_recipes
 
 pytestmark = pytest.mark.gpu
 
@@ -96,7 +96,7 @@ def _fp8_cases():
 
 @pytest.mark.parametrize("backend, recipe_name", _fp8_cases())
 def test_fp8_backends_within_fp8_tolerance(te, backend, recipe_name):
-    from moe_tutorial.recipes import recipe_for
+    from moe_tutorial.precision.recipes import recipe_for
 
     choice = recipe_for(hardware.capabilities(), recipe_name)
     ref, x, w, idx = _problem(skew=True)
@@ -129,7 +129,7 @@ def test_fused_path_on_blackwell(te):
     if caps.env.compute_capability[0] != 10 or not caps.is_native("fused_grouped_mlp"):
         pytest.skip(f"needs Blackwell with the fused grouped MLP enabled: "
                     f"{caps['fused_grouped_mlp'].reason}")
-    from moe_tutorial.recipes import recipe_for
+    from moe_tutorial.precision.recipes import recipe_for
 
     ref, x, w, idx = _problem(H=1024, I=1024)
     choice = recipe_for(caps, "MXFP8BlockScaling")
@@ -165,8 +165,8 @@ def test_model_fp8_keeps_router_and_lm_head_in_bf16(te):
 
 
 def test_hf_baseline_same_weights_same_loss(te):
-    from moe_tutorial.hf_baseline import hf_mixtral, hf_training_loss
-    from moe_tutorial.model import next_token_targets
+    from moe_tutorial.moe.hf_baseline import hf_mixtral, hf_training_loss
+    from moe_tutorial.moe.model import next_token_targets
 
     cfg = preset("tiny", hidden_size=256, intermediate_size=512, dtype="bfloat16", max_seq_len=128)
     model = MoEForCausalLM(cfg, device="cuda")
@@ -187,7 +187,7 @@ def test_scaled_swiglu_counterpart_equals_te(te):
     """experts.scaled_swiglu computes what TE's ScaledSwiGLU computes: routing weights cast to
     the compute dtype first (ops/basic/swiglu.py), bit for bit, plain and interleaved."""
     torch.manual_seed(0)
-    from moe_tutorial.experts import scaled_swiglu
+    from moe_tutorial.moe.experts import scaled_swiglu
 
     x = torch.randn(512, 2 * 256, dtype=torch.bfloat16, device="cuda")
     scales = torch.rand(512, device="cuda")  # fp32, as the router makes them
@@ -204,7 +204,7 @@ def test_scaled_swiglu_counterpart_equals_te(te):
 def test_te_fuser_chooses_the_fused_mlp_for_the_course_construction(te):
     """TE's own fusion pass, with the machine checks answered as on a B200, fuses the course's
     te_ops chain under MXFP8 and NVFP4, and every broken condition agrees with why_unfused."""
-    from moe_tutorial.blackwell import dry_run
+    from moe_tutorial.perf.blackwell import dry_run
 
     report = dry_run(shapes=("fine_grained",), log=lambda line: None)
     summary = report["summary"]["fine_grained"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from checkout_copy import ROOT, copy_tracked_files
 
-from moe_tutorial import hardware
-from moe_tutorial.__main__ import main
+from moe_tutorial.cli import main
+from moe_tutorial.precision import hardware
 
 
 @pytest.mark.parametrize("te_version, cuda, expected", [
@@ -45,7 +45,7 @@ def dockerfile_course_steps() -> tuple[list[str], list[str]]:
     lines = (ROOT / "Dockerfile").read_text().replace("\\\n", "").splitlines()
     runs = [line.removeprefix("RUN ") for line in lines if line.startswith("RUN ")]
     command = json.loads(next(line for line in lines if line.startswith("CMD ")).removeprefix("CMD "))
-    return [run for run in runs if "moe_tutorial.bootstrap" in run], command
+    return [run for run in runs if "tools.bootstrap" in run], command
 
 
 @pytest.mark.slow
@@ -54,7 +54,7 @@ def test_the_dockerfiles_course_steps_keep_the_torch_a_python_already_has(tmp_pa
     (torch among them) come from $PYTHONPATH plays the container's, and a copy of this checkout
     plays the image's /workspace/moe-tutorial."""
     steps, command = dockerfile_course_steps()
-    assert steps and command[:3] == ["python3", "-m", "moe_tutorial.bootstrap"]
+    assert steps and command[:3] == ["python3", "-m", "tools.bootstrap"]
     repo = copy_tracked_files(tmp_path / "image")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

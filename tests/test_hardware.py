@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from moe_tutorial.hardware import (
+from moe_tutorial.precision.hardware import (
     FALLBACK,
     FEATURES,
     NATIVE,
@@ -101,5 +101,5 @@ def test_rtx_blackwell_runs_no_mxfp8_and_no_fused_mlp():
 @pytest.mark.parametrize("value, enabled", [(None, False), ("0", False), ("1", True),
                                             ("2", True), ("-1", False), ("yes", False)])
 def test_fused_mlp_env_is_read_as_te_reads_it(value, enabled):
-    from moe_tutorial.hardware import fused_mlp_env_enabled
+    from moe_tutorial.precision.hardware import fused_mlp_env_enabled
     assert fused_mlp_env_enabled(value) is enabled

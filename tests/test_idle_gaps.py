@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moe_tutorial import idle_gaps
-from moe_tutorial.__main__ import main
-from moe_tutorial.idle_gaps import AFTER_SYNC, HOST_BEHIND, SHORT, IdleGaps
-from moe_tutorial.step_profile import _Kernel
+from moe_tutorial.cli import main
+from moe_tutorial.perf import idle_gaps
+from moe_tutorial.perf.idle_gaps import AFTER_SYNC, HOST_BEHIND, SHORT, IdleGaps
+from moe_tutorial.perf.step_profile import _Kernel
 
 TE_BACKWARD = ("/usr/lib/python3/site-packages/transformer_engine/pytorch/ops/basic/"
                "grouped_linear.py(1540): fuser_backward")
@@ -41,7 +41,7 @@ def _step():
         TE_BACKWARD, "<built-in method tolist of Tensor object at 0x7f>"))
     wait = _event("cudaStreamSynchronize", 65, 105, id=2, parent=tolist)
     launch = _event("aten::mm", 390, 395, id=3, parent=_called_from(
-        "/home/me/course/moe_tutorial/model.py(10): forward",
+        "/home/me/course/moe_tutorial/moe/model.py(10): forward",
         "torch/nn/modules/module.py(1782): _call_impl"))
     final = _event("cudaDeviceSynchronize", 396, 560, id=4)
     kernels = [_Kernel("a", 0, 100, 0), _Kernel("b", 180, 250, 0), _Kernel("c", 250, 290, 0),
@@ -56,7 +56,7 @@ def test_each_gap_is_charged_to_what_the_gpu_waited_for():
     assert rows == {
         (AFTER_SYNC, "transformer_engine/pytorch/ops/basic/grouped_linear.py(1540): "
                      "fuser_backward"): (pytest.approx(0.080), 1),
-        (HOST_BEHIND, "moe_tutorial/model.py(10): forward"): (pytest.approx(0.100), 1),
+        (HOST_BEHIND, "moe_tutorial/moe/model.py(10): forward"): (pytest.approx(0.100), 1),
         (SHORT, "gaps under 20 µs"): (pytest.approx(0.005), 1)}
     assert gaps.idle_ms == pytest.approx(0.185) and gaps.busy_ms == pytest.approx(0.315)
     assert gaps.syncs_per_step == 1  # the final wait, after the last kernel, is not the step's
@@ -84,7 +84,7 @@ def test_without_stacks_the_ops_name_the_place():
 def test_rows_beyond_the_largest_are_summed_per_cause():
     kernels = [_Kernel(str(i), 1000 * i, 1000 * i + 10, i + 1) for i in range(20)]
     launchers = [_event("aten::mm", 1000 * i - 5, 1000 * i - 1, id=i + 1,
-                        parent=_called_from(f"/m/moe_tutorial/model.py({i}): forward"))
+                        parent=_called_from(f"/m/moe_tutorial/moe/model.py({i}): forward"))
                  for i in range(20)]
     gaps = idle_gaps.attribute(kernels, launchers, steps=1)
     assert len(gaps.rows) == idle_gaps.MAX_ROWS + 1
@@ -113,14 +113,14 @@ def test_a_real_profile_names_the_course_function_that_ran_the_op():
     package function that called it, past torch's module plumbing."""
     from torch.profiler import ProfilerActivity, profile
 
-    from moe_tutorial import experts
+    from moe_tutorial.moe import experts
 
     layer = experts.ExpertMLP(4, 16, 32, "grouped_torch")
     x, indices = torch.randn(8, 16), torch.randint(0, 4, (8, 2))
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         layer(x, indices, torch.rand(8, 2))
     op = next(e for e in prof.events() if e.name == "aten::_grouped_mm")
-    assert idle_gaps.where(op).startswith("moe_tutorial/experts.py(")
+    assert idle_gaps.where(op).startswith("moe_tutorial/moe/experts.py(")
     assert idle_gaps.where(op).endswith("): grouped_mm")
 
 
@@ -146,8 +146,8 @@ def test_the_committed_h200_run_reads_back():
 
 @pytest.mark.gpu
 def test_a_cuda_step_splits_its_idle_time():
-    from moe_tutorial import bench
-    from moe_tutorial.config import preset
+    from moe_tutorial.moe.config import preset
+    from moe_tutorial.perf import bench
 
     config = preset("tiny").with_overrides(dtype="bfloat16")
     v = bench.variant("ours_grouped_torch_bf16")

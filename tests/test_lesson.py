@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from moe_tutorial.config import MODE_ENV
-from moe_tutorial.lesson import setup
+from moe_tutorial.course.lesson import setup
+from moe_tutorial.moe.config import MODE_ENV
 
 DEFAULTS = {"small": {"steps": 60, "sizes": [1, 2], "warmup": 2},
             "full": {"steps": 400, "sizes": [1, 2, 4], "warmup": 5}}

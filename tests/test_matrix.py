@@ -1,4 +1,4 @@
-"""The (dp, ep) benchmark matrix driver (`moe_tutorial.matrix`): which runs it plans, the commands
+"""The (dp, ep) benchmark matrix driver (`benchmarks.matrix`): which runs it plans, the commands
 it prints, a real run on CPU (2 gloo processes, the tiny preset, HF baseline included) and the
 table it renders; and the arithmetic behind the 8-GPU preset."""
 
@@ -11,9 +11,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from moe_tutorial import matrix, train_dist
-from moe_tutorial.bench import results_path
-from moe_tutorial.config import preset
+from benchmarks import matrix
+from moe_tutorial.moe.config import preset
+from moe_tutorial.perf import train_dist
+from moe_tutorial.perf.bench import results_path
 
 
 def _has_transformers_5() -> bool:
@@ -82,7 +83,7 @@ def test_dry_run_prints_the_8_gpu_commands(capsys, tmp_path):
     assert len(commands) == 9 and not out.exists()  # nothing ran, nothing written
     for command in commands:
         assert "-m torch.distributed.run --standalone --nproc_per_node=8 -m " \
-               "moe_tutorial.train_dist --mode bench" in command
+               "moe_tutorial.perf.train_dist --mode bench" in command
         assert "--preset mixtral-7l --batch 2 --seq-len 4096" in command
     assert "--model ours --engine fsdp2 --dp 1 --ep 8 --precision fp8 --backend te_ops" \
         in commands[1]
@@ -124,7 +125,7 @@ def test_the_8_layer_matrix_s_memory_and_what_it_does_not_explain():
 @pytest.mark.skipif(not _has_transformers_5(),
                     reason="the HF baseline row needs transformers >= 5 (pip install -e '.[hf]')")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU test (gloo, fp32, no FP8); on GPUs "
-                    "run the matrix itself: python -m moe_tutorial.matrix --gpus 2")
+                    "run the matrix itself: python -m benchmarks.matrix --gpus 2")
 def test_a_real_matrix_on_cpu_records_every_row(tmp_path, capsys):
     """2 gloo processes, tiny preset, 1 step per run, one layout (dp2 × ep1: FSDP2 over both
     processes for ours and HF's; test_distributed benches dp1 × ep2). Without TE the FP8 row

@@ -1,4 +1,4 @@
-"""moe_tutorial.memory: the per-GPU memory prediction, checked against what the model really saves.
+"""moe_tutorial.perf.memory: the per-GPU memory prediction, checked against what the model really saves.
 
 The heart of it: one forward pass of the real model on a CPU, every tensor saved for the backward
 pass caught by `torch.autograd.graph.saved_tensors_hooks` and counted once per storage
@@ -17,10 +17,11 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils.checkpoint import checkpoint
 
-from moe_tutorial import distributed, memory, ranks
-from moe_tutorial.bench import TRAIN_VARIANTS
-from moe_tutorial.config import preset
-from moe_tutorial.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.parallel import distributed, ranks
+from moe_tutorial.perf import memory
+from moe_tutorial.perf.bench import TRAIN_VARIANTS
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 

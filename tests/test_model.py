@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moe_tutorial.config import preset
-from moe_tutorial.model import (
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import (
     IGNORE_INDEX,
     MoEForCausalLM,
     RMSNorm,
@@ -144,7 +144,7 @@ def test_compiled_hf_baseline_attends_causally_without_a_mask(monkeypatch):
     torch.compile) — with the same loss as HF's own sdpa on unpadded batches."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    from moe_tutorial import hf_baseline
+    from moe_tutorial.moe import hf_baseline
 
     cfg = preset("tiny")
     hf = hf_baseline.hf_mixtral(MoEForCausalLM(cfg), "grouped_mm")

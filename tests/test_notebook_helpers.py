@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from moe_tutorial import bench
-from moe_tutorial.config import preset
+from moe_tutorial.moe.config import preset
+from moe_tutorial.perf import bench
 
 
 def test_loss_curves_of_equivalent_variants_agree():

@@ -68,10 +68,10 @@ def test_notebooks_in_git_have_no_outputs():
 
 
 def test_notebooks_use_the_shared_helpers_instead_of_their_own():
-    """`moe_tutorial.lesson` holds what the notebooks share; none defines a copy of it."""
+    """`moe_tutorial.course.lesson` holds what the notebooks share; none defines a copy of it."""
     import inspect
 
-    from moe_tutorial import lesson
+    from moe_tutorial.course import lesson
 
     shared = [name for name, obj in vars(lesson).items()
               if inspect.isfunction(obj) and obj.__module__ == lesson.__name__]
@@ -87,7 +87,7 @@ def test_notebooks_use_the_shared_helpers_instead_of_their_own():
 def test_rel_error_is_the_frobenius_ratio():
     import torch
 
-    from moe_tutorial.lesson import rel_error
+    from moe_tutorial.course.lesson import rel_error
 
     want = torch.tensor([3.0, 4.0])
     assert rel_error(want + torch.tensor([0.3, 0.4]), want) == pytest.approx(0.1)

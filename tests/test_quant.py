@@ -1,4 +1,4 @@
-"""moe_tutorial.quant on CPU: FP8 formats against torch's casts, hand-derived edge cases,
+"""moe_tutorial.precision.quant on CPU: FP8 formats against torch's casts, hand-derived edge cases,
 MXFP8 invariants under both scale rules, the chapter's measurements and the recipe choice."""
 
 import math
@@ -7,9 +7,10 @@ from fractions import Fraction
 import pytest
 import torch
 
-from moe_tutorial import probes, quant
-from moe_tutorial.config import preset
-from moe_tutorial.quant import E4M3, E5M2
+from moe_tutorial.course import probes
+from moe_tutorial.moe.config import preset
+from moe_tutorial.precision import quant
+from moe_tutorial.precision.quant import E4M3, E5M2
 
 POS_INF = torch.tensor(math.inf)
 

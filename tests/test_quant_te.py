@@ -1,4 +1,4 @@
-"""Transformer Engine's quantizers against moe_tutorial.quant, byte for byte (CUDA + TE).
+"""Transformer Engine's quantizers against moe_tutorial.precision.quant, byte for byte (CUDA + TE).
 
 Run on the GPU machine, from the project root (prints one summary line per comparison):
 
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moe_tutorial import quant
+from moe_tutorial.precision import quant
 
 
 def _load_te():
@@ -207,7 +207,7 @@ def test_mxfp8_quantizer_bytes_and_scales_equal_ours(dtype, capsys):
                 scales += our_scales.numel()
             cases += 1
     with capsys.disabled():
-        print(f"\nMXFP8 TE vs moe_tutorial.quant ({dtype}, {torch.cuda.get_device_name()}): "
+        print(f"\nMXFP8 TE vs moe_tutorial.precision.quant ({dtype}, {torch.cuda.get_device_name()}): "
               f"{cases} cases ({len(SHAPES)} shapes x {cases // len(SHAPES)} inputs), "
               f"{elements} elements and {scales} scales compared rowwise+columnwise, "
               f"{len(failures)} mismatching tensors")
@@ -250,7 +250,7 @@ def test_fp8_cast_equals_ours(fmt, capsys):
     ours = quant.fp8_encode(x, fmt)
     differ = _differing_codes(ours, theirs, fmt)
     with capsys.disabled():
-        print(f"\nFP8 {fmt.name} cast TE vs moe_tutorial.quant: {x.numel()} values (all codes, "
+        print(f"\nFP8 {fmt.name} cast TE vs moe_tutorial.precision.quant: {x.numel()} values (all codes, "
               f"ties, overflow, inf, NaN), {int(differ.sum())} differ")
     assert not differ.any(), (
         f"{int(differ.sum())} differ, e.g. x={x[differ][:5].tolist()} "
@@ -281,5 +281,5 @@ def test_fp8_current_scaling_equals_ours(fmt, dtype, capsys):
                 f"TE={te_data[differ][:5].tolist()}")
             tensors, compared = tensors + 1, compared + x.numel()
     with capsys.disabled():
-        print(f"\nFP8 {fmt.name} current scaling TE vs moe_tutorial.quant ({dtype}): "
+        print(f"\nFP8 {fmt.name} current scaling TE vs moe_tutorial.precision.quant ({dtype}): "
               f"{tensors} tensors, {compared} elements, all equal")

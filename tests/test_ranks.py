@@ -1,4 +1,4 @@
-"""moe_tutorial.ranks: a notebook's function runs on a real gloo process group of fresh
+"""moe_tutorial.parallel.ranks: a notebook's function runs on a real gloo process group of fresh
 processes, travelling as its source; failures name their cause, deadlocks end, and no process
 outlives a run."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from moe_tutorial import distributed, ranks
+from moe_tutorial.parallel import distributed, ranks
 
 # A notebook cell: a function that names a module by an alias, a constant, and another notebook
 # function under another name (what `checks.pick` hands the later cells).
@@ -53,7 +53,7 @@ def test_a_notebook_function_runs_on_every_rank():
 
 def test_importable_functions_travel_by_name():
     shipped = ranks.ship(distributed.exchange_counts)
-    assert (shipped.module, shipped.qualname) == ("moe_tutorial.distributed", "exchange_counts")
+    assert (shipped.module, shipped.qualname) == ("moe_tutorial.parallel.distributed", "exchange_counts")
     assert ranks.rebuild(shipped) is distributed.exchange_counts
 
 

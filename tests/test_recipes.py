@@ -1,12 +1,12 @@
 """Which TE recipe a machine trains with, its alignment, and recipes as plain data
-(moe_tutorial.recipes), on machines described by hand."""
+(moe_tutorial.precision.recipes), on machines described by hand."""
 
 import sys
 import types
 
 import pytest
 
-from moe_tutorial import hardware, recipes
+from moe_tutorial.precision import hardware, recipes
 
 
 def machine(kind, **overrides):

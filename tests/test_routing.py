@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from moe_tutorial.routing import Router, load_balancing_loss, permute, route, unpermute
+from moe_tutorial.moe.routing import Router, load_balancing_loss, permute, route, unpermute
 
 
 def test_route_matches_softmax_topk_renormalise():

@@ -9,12 +9,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from moe_tutorial import distributed, ranks, sharded_init, train_dist
-from moe_tutorial.checkpoint import CheckpointError
-from moe_tutorial.config import preset
-from moe_tutorial.model import MoEForCausalLM, next_token_targets
-from moe_tutorial.sharded_init import build_sharded, load_hf_shards
-from moe_tutorial.train import TrainSettings, _adamw_groups
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.parallel import distributed, ranks, sharded_init
+from moe_tutorial.parallel.sharded_init import build_sharded, load_hf_shards
+from moe_tutorial.perf import train_dist
+from moe_tutorial.train.checkpoint import CheckpointError
+from moe_tutorial.train.loop import TrainSettings, _adamw_groups
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -207,8 +208,8 @@ def test_train_dist_starts_from_an_hf_checkpoint(saved):
     """`train_dist --mode train --hf-checkpoint DIR` on dp1 × ep2: the first step's loss (the
     mean over the 2 ranks) is the loss the checkpoint's weights give on the two ranks' first
     batches, each rank its share of the windows; a replicated engine is refused up front."""
-    from moe_tutorial.data import load_protein_data
-    from moe_tutorial.train import _batches
+    from moe_tutorial.train.data import load_protein_data
+    from moe_tutorial.train.loop import _batches
 
     folder, hf, config = saved
     args = ("--mode", "train", "--hf-checkpoint", str(folder), "--steps", "2", "--batch", "2",

@@ -1,10 +1,10 @@
-"""Routing skew and what it costs (moe_tutorial.skew): splits, padding, stragglers, GEMM rate."""
+"""Routing skew and what it costs (moe_tutorial.perf.skew): splits, padding, stragglers, GEMM rate."""
 
 import pytest
 import torch
 
-from moe_tutorial import skew, timing
-from moe_tutorial.routing import sort_by_expert
+from moe_tutorial.moe.routing import sort_by_expert
+from moe_tutorial.perf import skew, timing
 
 SHAPES = [(64, 8, 2), (100, 8, 2), (37, 6, 3), (50, 4, 4), (9, 1, 1), (1000, 16, 1)]
 

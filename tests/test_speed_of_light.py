@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from moe_tutorial import speed_of_light as sol
-from moe_tutorial import step_profile, timing
-from moe_tutorial.__main__ import main as cli_main
-from moe_tutorial.config import preset
-from moe_tutorial.step_profile import PARTS, StepBreakdown
+from moe_tutorial.cli import main as cli_main
+from moe_tutorial.moe.config import preset
+from moe_tutorial.perf import speed_of_light as sol
+from moe_tutorial.perf import step_profile, timing
+from moe_tutorial.perf.step_profile import PARTS, StepBreakdown
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = ROOT / "benchmarks" / "results" / "h200.json"
@@ -184,7 +184,7 @@ def test_a_report_without_a_section_has_only_its_dense_peaks(tmp_path):
 
 def test_the_committed_fp8_step_is_above_its_floor():
     """The committed best step (an FP8 one) against the floor its rates give."""
-    from moe_tutorial import bench
+    from moe_tutorial.perf import bench
 
     report = committed_report()
     row = bench.best_step([r for r in report["results"] if r.get("part") == "train"])

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moe_tutorial import bench, step_profile, widgets
-from moe_tutorial.config import preset
-from moe_tutorial.step_profile import IDLE, PARTS, StepBreakdown, part_of
+from moe_tutorial.moe.config import preset
+from moe_tutorial.perf import bench, step_profile, widgets
+from moe_tutorial.perf.step_profile import IDLE, PARTS, StepBreakdown, part_of
 
 TINY = preset("tiny")
 
@@ -334,7 +334,7 @@ def test_expert_parallel_needs_a_preset():
 
 @pytest.mark.slow
 def test_expert_parallel_over_gloo_spends_time_communicating():
-    from moe_tutorial.train_dist import launch
+    from moe_tutorial.perf.train_dist import launch
 
     bars = step_profile.chapter_breakdowns(TINY, upto="expert_parallel", device="cpu", batch=2,
                                            seq_len=32, steps=1, warmup=0, launch=launch)

@@ -7,9 +7,8 @@ real TE modules against the same references on a GPU."""
 import pytest
 import torch
 
-from moe_tutorial import hardware
-from moe_tutorial.config import preset
-from moe_tutorial.experts import (
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.experts import (
     FUSED_MLP_ROWS_PER_EXPERT,
     ExpertMLP,
     TEOpsExperts,
@@ -21,9 +20,10 @@ from moe_tutorial.experts import (
     why_fused_raises,
     why_unfused,
 )
-from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.recipes import RecipeSpec
-from moe_tutorial.routing import route
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.moe.routing import route
+from moe_tutorial.precision import hardware
+from moe_tutorial.precision.recipes import RecipeSpec
 
 
 def _experts(E=4, H=64, I=64):
@@ -205,8 +205,8 @@ def test_te_ops_require_fused_option_is_kept():
 
 
 def test_te_ops_with_block_scaling_is_refused_on_hopper():
-    from moe_tutorial.model import _check_backend_runs_recipe
-    from moe_tutorial.recipes import recipe_for
+    from moe_tutorial.moe.model import _check_backend_runs_recipe
+    from moe_tutorial.precision.recipes import recipe_for
 
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
     block = recipe_for(hopper, "Float8BlockScaling")

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from moe_tutorial import timing
-from moe_tutorial.config import preset
+from moe_tutorial.moe.config import preset
+from moe_tutorial.perf import timing
 
 
 def test_time_fn_reports_the_median():

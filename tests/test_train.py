@@ -4,10 +4,10 @@ import math
 import pytest
 import torch
 
-from moe_tutorial.config import preset
-from moe_tutorial.data import load_protein_data
-from moe_tutorial.model import MoEForCausalLM
-from moe_tutorial.train import (
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM
+from moe_tutorial.train.data import load_protein_data
+from moe_tutorial.train.loop import (
     StepInBackward,
     TrainingDiverged,
     TrainSettings,

@@ -1,12 +1,12 @@
-"""The live dashboard and the static tables/figures the notebooks end with (moe_tutorial.widgets)."""
+"""The live dashboard and the static tables/figures the notebooks end with (moe_tutorial.perf.widgets)."""
 
 import json
 import time
 
 import pytest
 
-from moe_tutorial import widgets
-from moe_tutorial.widgets import PLOTLY_MIME, LiveDashboard, Table
+from moe_tutorial.perf import widgets
+from moe_tutorial.perf.widgets import PLOTLY_MIME, LiveDashboard, Table
 
 go = pytest.importorskip("plotly.graph_objects")
 
@@ -79,10 +79,10 @@ def test_headless_updates_cost_microseconds():
 def test_train_callback_feeds_the_dashboard():
     import torch
 
-    from moe_tutorial.config import preset
-    from moe_tutorial.data import pack_sequences
-    from moe_tutorial.model import MoEForCausalLM
-    from moe_tutorial.train import TrainSettings, train
+    from moe_tutorial.moe.config import preset
+    from moe_tutorial.moe.model import MoEForCausalLM
+    from moe_tutorial.train.data import pack_sequences
+    from moe_tutorial.train.loop import TrainSettings, train
 
     cfg = preset("tiny")
     packed = pack_sequences(["ACDEFGHIKLMNPQRSTVWY" * 8] * 8, cfg.max_seq_len)
@@ -208,7 +208,7 @@ def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, 
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook(cells=[new_code_cell(
-        "from moe_tutorial.widgets import LiveDashboard\n"
+        "from moe_tutorial.perf.widgets import LiveDashboard\n"
         "dash = LiveDashboard('in a kernel', baseline='naive', total=40)\n"
         "for step in range(20):\n"
         "    dash.update('naive', step, 100.0)\n"
@@ -300,7 +300,7 @@ def test_a_skew_explorer_in_a_headless_kernel_says_it_is_static(monkeypatch, cap
 
 def test_moving_the_skew_slider_remeasures_once_per_value(monkeypatch):
     ipywidgets = pytest.importorskip("ipywidgets")
-    from moe_tutorial import skew
+    from moe_tutorial.perf import skew
 
     shown, measured = [], []
     real = skew.grouped_gemm_efficiency
@@ -334,7 +334,7 @@ def test_moving_the_skew_slider_remeasures_once_per_value(monkeypatch):
 
 def test_a_failed_measurement_shows_in_the_explorer(monkeypatch):
     pytest.importorskip("ipywidgets")
-    from moe_tutorial import skew
+    from moe_tutorial.perf import skew
 
     monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
     monkeypatch.setattr(widgets, "_display", lambda obj, **kw: None)
@@ -448,7 +448,7 @@ def test_a_label_given_later_renames_the_live_trace(monkeypatch):
 
 def test_a_te_backend_without_te_is_labelled_as_its_stand_in():
     torch = pytest.importorskip("torch")
-    from moe_tutorial import experts
+    from moe_tutorial.moe import experts
 
     mlp = experts.ExpertMLP(4, 8, 16, "grouped_torch")
     assert experts.backend_label(mlp) == "grouped_torch"

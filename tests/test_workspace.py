@@ -1,4 +1,4 @@
-"""`make lab`'s working copy (moe_tutorial/workspace.py): chapters and exercises side by side with
+"""`make lab`'s working copy (moe_tutorial/course/workspace.py): chapters and exercises side by side with
 every link between them working, a learner's files never overwritten, and their saved work never
 touching a tracked file."""
 
@@ -14,8 +14,9 @@ import pytest
 from checkout_copy import copy_tracked_files
 from notebook_conventions import assert_parameters_and_no_outputs
 
-from moe_tutorial import __main__ as cli
-from moe_tutorial import course, workspace
+from moe_tutorial import cli
+from moe_tutorial.course import runner as course
+from moe_tutorial.course import workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 # A markdown link or an <img src=...>: the targets a reader follows in Lab.

@@ -1,5 +1,5 @@
 """all_to_all.svg (notebook 07): expert parallelism's dispatch and combine between 2 ranks, as
-`moe_tutorial.distributed.AllToAllDispatcher` runs them — each rank sorts its token copies by
+`moe_tutorial.parallel.distributed.AllToAllDispatcher` runs them — each rank sorts its token copies by
 expert (experts are sharded contiguously, so that sorts them by destination rank too), the ranks
 exchange their counts, then the rows (with their routing weights) in one all-to-all; each rank
 runs its local experts on what it received, the outputs travel back along the same routes, and

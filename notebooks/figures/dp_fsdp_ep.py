@@ -2,8 +2,8 @@
 (replicas), FSDP2 (`fully_shard`: every parameter split over the GPUs, a layer gathered while it
 runs) and expert parallelism (dense weights replicated, experts split contiguously: rank r holds
 experts r·E/ep … (r+1)·E/ep − 1), with what each exchanges per step — as
-`moe_tutorial.distributed` (`AllToAllDispatcher`, `fully_shard_layout`, `average_gradients`) and
-`moe_tutorial.memory` (`training_state`) describe them.
+`moe_tutorial.parallel.distributed` (`AllToAllDispatcher`, `fully_shard_layout`, `average_gradients`) and
+`moe_tutorial.perf.memory` (`training_state`) describe them.
 
     python notebooks/figures/dp_fsdp_ep.py
 """

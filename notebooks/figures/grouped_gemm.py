@@ -1,7 +1,7 @@
 """grouped_gemm.svg (notebook 02): one grouped GEMM over the permuted buffer of
 permute_m_splits.svg — every expert's block of rows times its own weight matrix, Y_e = X_e W_eᵀ,
 in one launch (`torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)`, as
-`moe_tutorial.experts.grouped_mm` calls it; TE's `GroupedLinear(num_gemms, in, out)(x, m_splits)`).
+`moe_tutorial.moe.experts.grouped_mm` calls it; TE's `GroupedLinear(num_gemms, in, out)(x, m_splits)`).
 
     python notebooks/figures/grouped_gemm.py
 """

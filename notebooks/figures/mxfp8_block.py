@@ -1,5 +1,5 @@
 """mxfp8_block.svg (notebook 03): one MXFP8 block — 32 consecutive values sharing one E8M0
-power-of-two scale, TE's scale rule, on the worked example of `moe_tutorial.quant` (a block
+power-of-two scale, TE's scale rule, on the worked example of `moe_tutorial.precision.quant` (a block
 holding 480, -3.3 and 0.01) — then the rowwise (1 × 32) and columnwise (32 × 1) blocks of a
 64 × 64 matrix (TE's MXFP8Quantizer: `get_scale_shape`, scales [64, 2] and [2, 64]) and why an
 expert's rows are padded to 32 (TE's `get_align_size_for_quantization`).

@@ -1,4 +1,4 @@
-"""permute_m_splits.svg (notebook 02): `moe_tutorial.routing.permute` on the example of
+"""permute_m_splits.svg (notebook 02): `moe_tutorial.moe.routing.permute` on the example of
 routing_example.py — the 12 token copies sorted by expert (stable) into one buffer, each expert's
 block padded with zero rows to a multiple of the alignment; tokens_per_expert, m_splits, offsets.
 

@@ -1,5 +1,5 @@
 """training_step_anatomy.svg (notebook 06): one training step of the course's MoE model
-(`moe_tutorial.model.MoEForCausalLM.forward`, `train.train_step`) with an FP8 precision: the
+(`moe_tutorial.moe.model.MoEForCausalLM.forward`, `train.train_step`) with an FP8 precision: the
 decoder layers run under `te.autocast` — the attention projections become `te.Linear` (q, k, v
 fused into `qkv_proj`), the experts a TE backend (GroupedLinear), so those GEMMs run in FP8 —
 while the embedding, norms, attention core (SDPA), router, lm_head and loss stay in bf16/fp32;

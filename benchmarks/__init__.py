@@ -1,0 +1,1 @@
+"""Benchmark drivers run from a checkout; their committed results are in results/."""

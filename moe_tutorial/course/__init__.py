@@ -1,0 +1,1 @@
+"""Running the course: the notebook runner and report, lesson helpers, probes, checks."""

@@ -1,0 +1,1 @@
+"""The model the course teaches: config, routing, experts, the model, HF interop."""

@@ -1,0 +1,713 @@
+"""A MoE causal language model (Mixtral by default), small enough to hold in your head.
+
+    tokens → embedding → N × [ RMSNorm → GQA attention (RoPE, causal) → + residual
+                               RMSNorm → MoE block (router → top-k experts
+                                                    [+ shared expert]) → + residual ]
+           → RMSNorm → lm_head → logits
+
+The config's architecture fields add what other transformers families do differently (q/k
+RMSNorm, attention biases, clip_qkv, sigmoid and group-limited routing, a shared expert):
+`families.py` says which family has which, and maps their configs. Module and parameter names
+follow HF transformers 5's (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`, ...), so a state dict
+moves between the two unchanged: `MoEForCausalLM.from_hf(hf_model)` and `to_hf_state_dict()`.
+The MoE block is `routing.Router` → a token dispatcher → `experts.ExpertMLP`; its
+`expert_backend` (naive loop, grouped GEMM, TE...) can be switched on a live model without
+touching the weights, and its dispatcher swapped for expert parallelism
+(`distributed.shard_experts`).
+
+The training loss is HF's: mean next-token cross-entropy + aux_loss_coef × the load-balancing
+loss pooled over all layers.
+
+Precision: `set_precision("bf16" | "fp8" | "closest_to_mxfp8" | <TE recipe name>)`. Anything but
+bf16 runs the decoder layers under `te.autocast` with the recipe this GPU supports
+(`recipes.recipe_for`): the attention projections become `te.Linear` (q, k and v fused into one
+GEMM) and the experts must be a TE backend, so every large GEMM runs in FP8; the router and the
+lm_head stay in bf16 (the router's top-k decisions and the output distribution are the
+precision-sensitive parts).
+The model only enters `te.autocast`: the experts read the recipe from it at every forward pass
+(as TE's own ops do) and pad each expert's rows to what it needs, so nothing is pushed onto them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ..precision import hardware, recipes
+from . import families
+from .config import DTYPES, MoEConfig
+from .experts import TE_BACKENDS, ExpertMLP, convert_experts, default_backend
+from .routing import Router, load_balancing_loss
+
+IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
+
+
+def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
+    """The targets of HF's `labels=input_ids` convention: position t predicts token t+1; the last
+    position has no target (IGNORE_INDEX). With these our loss is the one HF computes."""
+    return torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)], dim=1)
+
+
+TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding takes
+
+
+def _check_token_tensor(name: str, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{name} is a {type(value).__name__}, not a tensor of token ids "
+                         f"[batch, seq]: wrap it with torch.tensor({name})")
+    if value.dtype not in TOKEN_ID_DTYPES:
+        raise ValueError(f"{name} has dtype {value.dtype}; token ids are integers (torch.long or "
+                         f"torch.int32): convert with {name}.long()")
+
+
+def _outside_vocabulary(ids: torch.Tensor, vocab_size: int) -> int | None:
+    """The smallest id if it is negative, else the largest if it is >= vocab_size, else None."""
+    low, high = (v.item() for v in torch.aminmax(ids))
+    return low if low < 0 else high if high >= vocab_size else None
+
+
+def check_batch(config: MoEConfig, input_ids, targets=None) -> None:
+    """Refuse a batch the model cannot take, naming the value and the fix, before any kernel
+    runs. `MoEForCausalLM.forward` calls it on every batch.
+
+    Types, shapes and dtypes are checked always (free: no tensor is read). The token ids' range
+    needs a min/max over the batch: checked where the batch is in host memory (microseconds),
+    skipped for a batch already on a GPU, where reading the result would make the host wait for
+    the device at every training step; a caller that moves batches to a GPU can call this on the
+    host copy first. There, an out-of-range id fails in the embedding (a device-side assert) and
+    a bad target in the loss's gather, never silently."""
+    _check_token_tensor("input_ids", input_ids)
+    shape = tuple(input_ids.shape)
+    if len(shape) != 2:
+        fix = ("add the batch dimension: input_ids.unsqueeze(0)" if len(shape) == 1
+               else "reshape them to [batch, seq]")
+        raise ValueError(f"input_ids has shape {shape}; the model takes token ids of shape "
+                         f"[batch, seq]: {fix}")
+    if input_ids.numel() == 0:
+        raise ValueError(f"input_ids has shape {shape}: no tokens; pass at least one sequence of "
+                         f"at least one token")
+    if shape[1] > config.max_seq_len:
+        raise ValueError(f"sequence length {shape[1]} exceeds config.max_seq_len="
+                         f"{config.max_seq_len}: cut the sequences to at most {config.max_seq_len}"
+                         f" tokens, or build the model with a larger max_seq_len")
+    if targets is not None:
+        _check_token_tensor("targets", targets)
+        if tuple(targets.shape) != shape:
+            raise ValueError(
+                f"targets has shape {tuple(targets.shape)}, input_ids {shape}: they must match "
+                f"(targets[:, t] is the token after input_ids[:, t]; "
+                f"next_token_targets(input_ids) builds them)")
+    vocab = config.vocab_size
+    if input_ids.device.type == "cpu":
+        bad = _outside_vocabulary(input_ids, vocab)
+        if bad is not None:
+            raise ValueError(
+                f"input_ids holds token id {bad}, outside the vocabulary [0, {vocab}) of "
+                f"config.vocab_size={vocab}: tokenize with the tokenizer the model was built "
+                f"for, or build the model with a larger vocab_size")
+    if targets is not None and targets.device.type == "cpu":
+        bad = _outside_vocabulary(torch.where(targets == IGNORE_INDEX, 0, targets), vocab)
+        if bad is not None:
+            raise ValueError(
+                f"targets holds {bad}, neither a token id in [0, {vocab}) nor "
+                f"IGNORE_INDEX={IGNORE_INDEX} (a position the loss skips): build them with "
+                f"next_token_targets(input_ids)")
+
+
+class RMSNorm(nn.Module):
+    """weight * (x / rms(x)), HF Mixtral's arithmetic: x / rms(x) in fp32, rounded to x's dtype,
+    then scaled by the weight. `F.rms_norm` computes in fp32 internally and runs as one fused
+    kernel on a GPU, where HF's five elementwise ops each read and write the whole activation
+    and keep two fp32 copies of it for the backward pass."""
+
+    def __init__(self, size: int, eps: float, *, dtype=None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
+
+
+class _CrossEntropyWithGradient(torch.autograd.Function):
+    """Mean cross-entropy of logits [N, V] whose gradient is computed during the forward pass,
+    `chunk` rows at a time in fp32, and kept in the logits' dtype.
+
+    `F.cross_entropy(logits.float())` keeps an fp32 log-softmax [N, V] for the backward pass
+    (1 GiB for 8,192 tokens and a 32k vocabulary) on top of the fp32 copy it reads; this keeps
+    only the bf16 gradient, softmax - one_hot, which the backward pass merely scales. Same
+    numbers: both compute in fp32 and round the gradient to the logits' dtype."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index: int, chunk: int):
+        valid = targets != ignore_index
+        count = valid.sum()  # a tensor: no host sync
+        loss = logits.new_zeros((), dtype=torch.float32)
+        grad = torch.empty_like(logits)
+        # Skipped positions gather token 0 and are then zeroed by `valid`; any other negative
+        # target stays negative and fails the gather, where clamping it would train on token 0.
+        gather_index = torch.where(valid, targets, 0).unsqueeze(1)
+        for start in range(0, logits.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            keep = valid[rows]
+            target = gather_index[rows]
+            # One kernel reads the bf16 logits and writes fp32 log-probabilities; the rest works
+            # in place on that buffer and the last op writes the gradient rounded to bf16.
+            log_probs = torch.log_softmax(logits[rows], dim=1, dtype=torch.float32)
+            loss -= (log_probs.gather(1, target).squeeze(1) * keep).sum()
+            probs = log_probs.exp_()
+            probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
+            torch.mul(probs, (keep / count).unsqueeze(1), out=grad[rows])
+        ctx.save_for_backward(grad)
+        return loss / count
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None, None
+
+
+def loss_and_gradient(logits: torch.Tensor, targets: torch.Tensor,
+                      ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean cross-entropy, its gradient with respect to the logits [N, V], in their dtype):
+    `_CrossEntropyWithGradient`'s arithmetic written for `torch.compile`, in one piece with no
+    in-place writes, so that Inductor can fuse the log-softmax, the exponential and the scaling
+    that the eager loop runs as one kernel each over an fp32 copy of every chunk. Eager, it
+    would hold several fp32 [N, V] intermediates at once: it is meant to be compiled
+    (`cross_entropy(..., compiled=True)`)."""
+    valid = targets != ignore_index
+    count = valid.sum()
+    gather_index = torch.where(valid, targets, 0).unsqueeze(1)
+    log_probs = torch.log_softmax(logits, dim=1, dtype=torch.float32)
+    loss = -(log_probs.gather(1, gather_index).squeeze(1) * valid).sum() / count
+    one_hot = torch.zeros_like(log_probs).scatter_(1, gather_index, 1.0)
+    grad = (log_probs.exp() - one_hot) * (valid / count).unsqueeze(1)
+    return loss, grad.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_loss_and_gradient():
+    return torch.compile(loss_and_gradient, dynamic=False)
+
+
+class _CompiledCrossEntropy(torch.autograd.Function):
+    """`_CrossEntropyWithGradient` with the loss and gradient from the compiled
+    `loss_and_gradient` (a GPU: torch.compile makes Triton kernels)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index: int):
+        loss, grad = _compiled_loss_and_gradient()(logits, targets, ignore_index)
+        ctx.save_for_backward(grad)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_loss.to(grad.dtype), None, None
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
+                  chunk: int = 1024, compiled: bool = False) -> torch.Tensor:
+    """`F.cross_entropy(logits.float(), targets, ignore_index=...)` (mean over the targets that
+    are not `ignore_index`) for logits [N, V], without its fp32 copies of the logits when a
+    gradient will be needed (see `_CrossEntropyWithGradient`). `compiled`: the loss and its
+    gradient from `torch.compile`'s kernels (`loss_and_gradient`) instead of the chunked loop."""
+    if not (torch.is_grad_enabled() and logits.requires_grad):
+        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
+    if compiled:
+        return _CompiledCrossEntropy.apply(logits, targets, ignore_index)
+    return _CrossEntropyWithGradient.apply(logits, targets, ignore_index, chunk)
+
+
+class Rotary:
+    """Rotary position embeddings (HF's 'default' RoPE) for one sequence length: `rotary(x)`
+    rotates the pairs (x_i, x_{i+d/2}) of x [B, S, heads, d] by position-dependent angles.
+
+    With Transformer Engine on a GPU it runs TE's fused RoPE kernel (one kernel forward and one
+    backward, angles in fp32) instead of the five elementwise ops below.
+    Otherwise HF's arithmetic: cos/sin tables computed in fp32 and rounded to x's dtype, then
+    x * cos + rotate_half(x) * sin. `fused` says which ran."""
+
+    def __init__(self, seq_len: int, head_dim: int, theta: float, device, dtype):
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+        angles = torch.outer(torch.arange(seq_len, device=device).float(), inv_freq)
+        self.angles = torch.cat((angles, angles), dim=-1)  # [S, d] fp32
+        te = hardware.transformer_engine() if torch.device(device).type == "cuda" else None
+        self._te_rope = te.attention.rope.apply_rotary_pos_emb if te is not None else None
+        self.fused = self._te_rope is not None
+        if not self.fused:
+            self.cos = self.angles.cos().to(dtype)[:, None, :]  # [S, 1, d]: broadcast over heads
+            self.sin = self.angles.sin().to(dtype)[:, None, :]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused:
+            return self._te_rope(x, self.angles[:, None, None, :], tensor_format="bshd", fused=True)
+        first, second = x.chunk(2, dim=-1)
+        return x * self.cos + torch.cat((-second, first), dim=-1) * self.sin
+
+
+# Attention kernels in order of preference: cuDNN's fused attention first (faster than
+# FlashAttention-2, torch's default, for mixtral-2l's layers on the H200: see the step history
+# in docs/benchmarks.md and benchmarks/results/h200_cudnn_attention_rope.json); torch falls
+# through to the next backend where one cannot take the inputs (the CPU runs the math backend).
+ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                      SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+class Attention(nn.Module):
+    """Causal grouped-query self-attention with RoPE, through F.scaled_dot_product_attention.
+
+    In bf16 the projections are four `nn.Linear`, like HF's. Under FP8 (`use_te_linear`) they
+    become Transformer Engine modules: q, k and v one `te.Linear` (`qkv_proj`) whose weight is
+    split into the parameters `q_proj_weight`, `k_proj_weight`, `v_proj_weight` (one GEMM and
+    one FP8 cast of the input instead of three), o_proj a `te.Linear`.
+
+    The families' variants (config fields): biases on the projections; `q_norm`/`k_norm`, an
+    RMSNorm on q and k before RoPE, over each head's dimensions (Qwen3-MoE) or over the whole
+    projection (OLMoE), which keeps attention logits from growing without bound; `clip_qkv`."""
+
+    def __init__(self, cfg: MoEConfig, *, dtype=None, device=None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qk_norm, self.clip_qkv = cfg.qk_norm, cfg.clip_qkv
+        q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        kw = dict(dtype=dtype, device=device)
+        self.q_proj = nn.Linear(cfg.hidden_size, q_width, bias=cfg.qkv_bias, **kw)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_width, bias=cfg.qkv_bias, **kw)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_width, bias=cfg.qkv_bias, **kw)
+        self.o_proj = nn.Linear(q_width, cfg.hidden_size, bias=cfg.o_proj_bias, **kw)
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm != "none":
+            per_head = cfg.qk_norm == "per_head"
+            self.q_norm = RMSNorm(cfg.head_dim if per_head else q_width, cfg.norm_eps, **kw)
+            self.k_norm = RMSNorm(cfg.head_dim if per_head else kv_width, cfg.norm_eps, **kw)
+        self.qkv_proj = None
+
+    @torch.no_grad()
+    def use_te_linear(self, te) -> None:
+        """Projections → TE modules with the same [out, in] weights (see the class doc)."""
+        if self.qkv_proj is None:
+            parts = {name: getattr(self, name).weight for name in ("q_proj", "k_proj", "v_proj")}
+            first = parts["q_proj"]
+            qkv = te.Linear(first.shape[1], sum(w.shape[0] for w in parts.values()), bias=False,
+                            params_dtype=first.dtype, device=first.device,
+                            parameters_split={name: w.shape[0] for name, w in parts.items()})
+            for name, w in parts.items():
+                getattr(qkv, f"{name}_weight").copy_(w)
+                delattr(self, name)
+            self.qkv_proj = qkv
+        if not isinstance(self.o_proj, te.Linear):
+            old = self.o_proj.weight
+            self.o_proj = te.Linear(old.shape[1], old.shape[0], bias=False, params_dtype=old.dtype,
+                                    device=old.device)
+            self.o_proj.weight.copy_(old)
+
+    def hf_projection_weights(self) -> dict[str, torch.Tensor]:
+        """The q, k, v weights under HF's names ('q_proj.weight', ...) when they live in the fused
+        `qkv_proj`; empty when they do not (the state dict then has them under those names)."""
+        if self.qkv_proj is None:
+            return {}
+        return {f"{name}.weight": getattr(self.qkv_proj, f"{name}_weight")
+                for name in ("q_proj", "k_proj", "v_proj")}
+
+    def forward(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        sizes = (self.num_heads * self.head_dim,) + (self.num_kv_heads * self.head_dim,) * 2
+        if self.qkv_proj is not None:
+            q, k, v = self.qkv_proj(x).split(sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(batch, seq, self.num_heads, self.head_dim)
+        k = k.view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "per_head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        elif self.qk_norm == "across_heads":
+            q, k = self.q_norm(q.flatten(2)).view_as(q), self.k_norm(k.flatten(2)).view_as(k)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
+        with sdpa_kernel(ATTENTION_BACKENDS, set_priority=True):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                 enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class LocalDispatcher(nn.Module):
+    """The token dispatcher of a process that holds all the experts: the token copies need not
+    move, the experts backend groups them by expert itself.
+
+    A dispatcher takes every token's k copies to their experts and brings the weighted outputs
+    back: `dispatcher(hidden [T, H], indices [T, k], weights [T, k], experts) -> [T, H]`. It
+    holds no weights (the experts module does) and reports `last_path`, what the last forward
+    pass ran, experts included; `full_hf_weights(experts)` returns all the layer's experts in
+    HF layout, wherever they live. `distributed.AllToAllDispatcher` is the expert-parallel one."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_path: str | None = None
+
+    def forward(self, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+                experts: nn.Module) -> torch.Tensor:
+        out = experts(hidden, indices, weights)
+        self.last_path = experts.last_path
+        return out
+
+    def full_hf_weights(self, experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        return experts.hf_weights()
+
+
+class SharedExpert(nn.Module):
+    """A dense SwiGLU MLP every token passes through beside its routed experts (Qwen2-MoE's
+    `shared_expert`; DeepSeek-V3's `shared_experts`, n of them being one MLP n times as wide):
+    what every token needs is learnt once here instead of by every routed expert."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, *, dtype=None, device=None):
+        super().__init__()
+        kw = dict(bias=False, dtype=dtype, device=device)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, **kw)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoEBlock(nn.Module):
+    """Router (`gate`) → `dispatcher` → `experts`, plus, where the config has one, a
+    `shared_expert` whose output is added (scaled by sigmoid(`shared_expert_gate`(x)) where the
+    config gates it). The dispatcher is `LocalDispatcher` until `distributed.shard_experts`
+    swaps in the all-to-all one and leaves `experts` holding this rank's shard. Returns the
+    layer output and the router logits (for the aux loss)."""
+
+    def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
+        super().__init__()
+        kw = dict(dtype=dtype, device=device)
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, cfg.top_k, scoring=cfg.router,
+                           normalize=cfg.norm_topk_prob, n_group=cfg.n_group,
+                           topk_group=cfg.topk_group, scaling_factor=cfg.routed_scaling_factor,
+                           **kw)
+        self.dispatcher = LocalDispatcher()
+        self.experts = ExpertMLP(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
+                                 expert_backend, **kw)
+        self.shared_expert = self.shared_expert_gate = None
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = SharedExpert(cfg.hidden_size,
+                                              cfg.shared_expert_intermediate_size, **kw)
+        if cfg.shared_expert_gate:
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False, **kw)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        routing = self.gate(x)
+        flat = x.reshape(-1, x.shape[-1])
+        out = self.dispatcher(flat, routing.indices, routing.weights, self.experts)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(flat)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(flat)) * shared
+            out = out + shared
+        return out.view_as(x), routing.logits
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
+        self.self_attn = Attention(cfg, dtype=dtype, device=device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
+        self.mlp = MoEBlock(cfg, expert_backend, dtype=dtype, device=device)
+
+    def forward(self, x, rotary):
+        x = x + self.self_attn(self.input_layernorm(x), rotary)
+        moe_out, router_logits = self.mlp(self.post_attention_layernorm(x))
+        return x + moe_out, router_logits
+
+
+class Decoder(nn.Module):
+    """The transformer body (HF's `MixtralModel`, reached as `.model`)."""
+
+    def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, expert_backend, dtype=dtype, device=device) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # [B, S, vocab]
+    loss: torch.Tensor | None = None  # lm_loss + aux_loss_coef * aux_loss (when targets given)
+    lm_loss: torch.Tensor | None = None  # mean next-token cross-entropy, nats
+    aux_loss: torch.Tensor | None = None  # load-balancing loss (top_k when perfectly balanced)
+    router_logits: tuple[torch.Tensor, ...] = ()  # one [B*S, E] tensor per layer
+
+
+# A pytree node, so code that walks a module's outputs finds the tensors inside. FSDP2 hooks the
+# root's unshard-before-backward onto them: torch 2.11's FSDP2 walks outputs with tree_flatten,
+# which treats an unregistered dataclass as one opaque leaf, so the root's resharded weights
+# (embedding, lm_head) were read as empty storage in the backward pass ("setStorage: ... out of
+# bounds for storage of size 0"; torch 2.13 walks dataclasses itself).
+torch.utils._pytree.register_dataclass(CausalLMOutput)
+
+
+class MoEForCausalLM(nn.Module):
+    """MoE language model (Mixtral and the families of `families.py`).
+    `model(input_ids, targets)` → `CausalLMOutput`."""
+
+    def __init__(self, config: MoEConfig, expert_backend: str = "grouped_torch", *, device=None):
+        super().__init__()
+        self.config = config
+        dtype = config.torch_dtype
+        self.model = Decoder(config, "grouped_torch", dtype=dtype, device=device)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
+                                 dtype=dtype, device=device)
+        self.reset_parameters()
+        self.precision: recipes.RecipeChoice | None = None  # None: bf16/fp32, no autocast
+        self._recipe = None  # the TE recipe object used under te.autocast
+        # The training loss and its gradient from torch.compile's kernels (`cross_entropy`'s
+        # `compiled`); off by default, a candidate the benchmark measures (`*_compiled_loss`)
+        self.compiled_loss = False
+        self.set_expert_backend(expert_backend)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Normal(0, init_std) weights, ones for norms, zeros for biases; the projections that
+        write into the residual stream (o_proj, the experts' and shared expert's down_proj) are
+        scaled by 1/sqrt(2 * layers) (GPT-2's rule) so the residual's variance does not grow with
+        depth. (A sigmoid router's correction bias is a buffer: it starts at zero.)"""
+        std = self.config.init_std
+        residual_std = std / math.sqrt(2 * self.config.num_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            elif name.endswith(("o_proj.weight", "experts.down_proj",
+                                "shared_expert.down_proj.weight")):
+                p.normal_(0.0, residual_std)
+            else:
+                p.normal_(0.0, std)
+
+    @torch.no_grad()
+    def materialize(self, device) -> MoEForCausalLM:
+        """Give a model built on the meta device (`MoEForCausalLM(config, device="meta")`, then
+        sharded: `sharded_init`) real storage on `device`, for the parameters this rank holds
+        only. `to_empty` leaves every tensor uninitialised, so what construction set besides the
+        parameters is set again here: the sigmoid routers' buffers (the correction bias and
+        the token counts since its last update) start at zero. The RoPE tables need nothing:
+        `Rotary` computes them in every forward pass. Then fill the parameters:
+        `reset_parameters()` or a load (`sharded_init.load_hf_shards`)."""
+        self.to_empty(device=device)
+        for layer in self.model.layers:
+            for buffer in layer.mlp.gate.buffers():
+                buffer.zero_()
+        return self
+
+    # --- the expert backend of every MoE layer --------------------------------------------
+    @property
+    def expert_backend(self) -> str:
+        return self.model.layers[0].mlp.experts.backend
+
+    def set_expert_backend(self, name: str, **options) -> MoEForCausalLM:
+        """Switch every layer's experts to backend `name` (see `experts.convert_experts`; the TE
+        backends take `align`, `glu_interleave_size`, `require_fused`), or to the one the course
+        picks for this model's expert width, precision and machine (`"auto"`:
+        `experts.default_backend`). Create the optimizer after this: a TE backend has its own
+        parameters."""
+        if name == "auto":
+            on_gpu = next(self.parameters()).is_cuda and hardware.transformer_engine() is not None
+            name = default_backend(self.config.hidden_size, self.config.intermediate_size,
+                                   fp8=self.precision is not None, te_on_gpu=on_gpu)
+        if self.precision is not None and name not in TE_BACKENDS:
+            raise ValueError(f"precision {self.precision.name} runs the experts through TE; "
+                             f"{name!r} is not a TE backend (use set_precision('bf16') first)")
+        if self.precision is not None:
+            _check_backend_runs_recipe(name, self.precision, hardware.capabilities())
+        for layer in self.model.layers:
+            layer.mlp.experts = convert_experts(layer.mlp.experts, name, **options)
+        return self
+
+    def expert_paths(self) -> list[str | None]:
+        """What each layer's dispatcher and experts ran in the last forward pass."""
+        return [layer.mlp.dispatcher.last_path for layer in self.model.layers]
+
+    # --- precision ------------------------------------------------------------------------------
+    def set_precision(self, precision: str = "bf16",
+                      capabilities: hardware.Capabilities | None = None) -> MoEForCausalLM:
+        """'bf16' (no autocast), or FP8: 'fp8' (the fastest FP8 recipe this GPU runs),
+        'closest_to_mxfp8', or a TE recipe name ('MXFP8BlockScaling', 'Float8BlockScaling',
+        'Float8CurrentScaling', 'DelayedScaling'). FP8 needs TE on a GPU and TE experts."""
+        if precision == "bf16":
+            self.precision, self._recipe = None, None
+            return self
+        caps = capabilities or hardware.capabilities()
+        choice = recipes.recipe_for(caps, "fastest" if precision == "fp8" else precision)
+        te = hardware.transformer_engine()
+        device = next(self.parameters()).device
+        if not choice.native or te is None or device.type != "cuda":
+            raise ValueError(
+                f"precision {precision!r} needs Transformer Engine FP8 on a GPU; here: "
+                f"{choice.label} ({choice.reason}). Train in bf16 (or fp32 on a CPU); the FP8 and "
+                f"MXFP8 numerics can be studied on any machine with moe_tutorial.precision.quant")
+        if self.expert_backend not in TE_BACKENDS:
+            raise ValueError(f"precision {precision!r} runs the experts through TE; switch them "
+                             f"first: model.set_expert_backend('te_grouped_linear' or 'te_ops')")
+        if self.config.qkv_bias or self.config.o_proj_bias:
+            raise ValueError(f"precision {precision!r} fuses the attention projections into TE "
+                             f"modules, which are built without biases here; this model has "
+                             f"qkv_bias={self.config.qkv_bias}, o_proj_bias="
+                             f"{self.config.o_proj_bias}: train it in bf16")
+        _check_backend_runs_recipe(self.expert_backend, choice, caps)
+        self.precision, self._recipe = choice, choice.build()
+        for layer in self.model.layers:
+            layer.self_attn.use_te_linear(te)
+        return self
+
+    def _autocast(self):
+        if self._recipe is None:
+            return contextlib.nullcontext()
+        return hardware.transformer_engine().autocast(enabled=True, recipe=self._recipe)
+
+    # --- forward ----------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None) -> CausalLMOutput:
+        """input_ids [B, S]; targets [B, S] are the next tokens (targets[:, t] = the token after
+        input_ids[:, t]; IGNORE_INDEX to skip a position). Loss only when targets are given.
+        int64 or int32 ids and targets; a bad batch is refused first (`check_batch`)."""
+        check_batch(self.config, input_ids, targets)
+        device = self.model.embed_tokens.weight.device
+        for name, tensor in (("input_ids", input_ids), ("targets", targets)):
+            if tensor is not None and tensor.device != device:
+                raise ValueError(f"{name} are on {tensor.device}, the model on {device}: move "
+                                 f"them with {name}.to({str(device)!r})")
+        seq_len = input_ids.shape[1]
+        x = self.model.embed_tokens(input_ids)
+        rotary = Rotary(seq_len, self.config.head_dim, self.config.rope_theta, x.device, x.dtype)
+        router_logits = []
+        with self._autocast():  # FP8 for the decoder layers' TE modules; lm_head stays outside
+            for layer in self.model.layers:
+                x, logits = layer(x, rotary)
+                router_logits.append(logits)
+        logits = self.lm_head(self.model.norm(x))
+        out = CausalLMOutput(logits=logits, router_logits=tuple(router_logits))
+        if targets is not None:
+            # .long(): torch's cross_entropy (the evaluation path) takes no int32 targets.
+            out.lm_loss = cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
+                                        IGNORE_INDEX, compiled=self.compiled_loss)
+            out.aux_loss = load_balancing_loss(router_logits, self.config.top_k)
+            out.loss = out.lm_loss + self.config.aux_loss_coef * out.aux_loss
+        return out
+
+    # --- aux-loss-free load balancing -------------------------------------------------------
+    def update_router_biases(self) -> None:
+        """DeepSeek-V3's balancing step, to call after each optimizer step: every layer's
+        sigmoid router moves its correction bias by `config.router_bias_update_rate` towards
+        balancing the tokens its experts received since the last call
+        (`routing.Router.update_correction_bias`). In a process group (train_dist) every rank
+        calls it at the same step and the counts are summed over all ranks first: each rank
+        routed its own tokens, and one bias for all of them keeps the replicas' routers the
+        same. Does nothing where the rate is 0."""
+        rate = self.config.router_bias_update_rate
+        if rate:
+            for layer in self.model.layers:
+                if dist.is_available() and dist.is_initialized():
+                    dist.all_reduce(layer.mlp.gate.tokens_since_bias_update)
+                layer.mlp.gate.update_correction_bias(rate)
+
+    # --- HF transformers interoperability ---------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf_model, expert_backend: str = "grouped_torch",
+                **backend_options) -> MoEForCausalLM:
+        """An equivalent model from a transformers causal LM of a supported family
+        (`families.FAMILIES`: MixtralForCausalLM, Qwen3MoeForCausalLM, ...; weights copied), its
+        experts on `expert_backend` with `backend_options` (`set_expert_backend`'s: e.g. the
+        fused grouped MLP's `align=256, glu_interleave_size=32`).
+
+        A model it cannot represent exactly is refused, every differing field named
+        (`families.unsupported_hf_options`). The loss is HF's with `output_router_logits=True`
+        (HF adds the load-balancing loss only when asked; this model always does)."""
+        _check_is_causal_lm(hf_model)
+        first = next(hf_model.parameters())
+        dtype = str(first.dtype).removeprefix("torch.")
+        if dtype not in DTYPES:
+            raise ValueError(f"the HF model's weights are {first.dtype}; this model runs in "
+                             f"{sorted(DTYPES)}: convert them first, e.g. "
+                             f"hf_model.to(torch.float32)")
+        config = MoEConfig.from_hf_config(hf_model.config, dtype=dtype)
+        model = cls(config, "grouped_torch", device=first.device)  # HF layout, then convert
+        state = {families.hf_key_to_ours(k): v for k, v in hf_model.state_dict().items()}
+        ours = set(model.state_dict())
+        missing, unexpected = ours - set(state), set(state) - ours
+        if missing or unexpected:  # e.g. a model with adapters added
+            name = families.FAMILIES[config.family].causal_lm
+            raise ValueError(f"the HF model's weights are not a {name}'s: missing "
+                             f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; convert "
+                             f"a plain {name} (merge any adapters first)")
+        model.load_state_dict(state)
+        return model.set_expert_backend(expert_backend, **backend_options)
+
+    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """A state dict that the family's transformers model (`MixtralForCausalLM`, ...)
+        `load_state_dict` accepts (TE experts are converted back to the stacked HF layout; TE's
+        `_extra_state` is dropped).
+
+        With the experts sharded over an ep group (`distributed.shard_experts`) every layer's
+        experts are all-gathered from the group: a collective, so every rank of the group must
+        call it (each gets the full state dict; let one rank save it)."""
+        state = {k: v for k, v in self.state_dict().items()
+                 if ".mlp.experts." not in k and ".self_attn.qkv_proj." not in k
+                 and not k.endswith("_extra_state")}
+        for i, layer in enumerate(self.model.layers):
+            for name, weight in layer.self_attn.hf_projection_weights().items():
+                state[f"model.layers.{i}.self_attn.{name}"] = weight.detach()
+            gate_up, down = layer.mlp.dispatcher.full_hf_weights(layer.mlp.experts)
+            state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
+            state[f"model.layers.{i}.mlp.experts.down_proj"] = down
+        return {families.our_key_to_hf(k, self.config.family): v for k, v in state.items()}
+
+    def hf_gradients(self) -> dict[str, torch.Tensor]:
+        """Every parameter's gradient under its name in `to_hf_state_dict()` (after a backward
+        pass), experts in HF's stacked layout whatever the backend: what a comparison with the
+        HF model's own gradients reads. The experts must not be sharded."""
+        grads = {name: p.grad for name, p in self.named_parameters()
+                 if ".mlp.experts." not in name}
+        for i, layer in enumerate(self.model.layers):
+            gate_up, down = layer.mlp.experts.hf_gradients()
+            grads[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
+            grads[f"model.layers.{i}.mlp.experts.down_proj"] = down
+        return {families.our_key_to_hf(k, self.config.family): v for k, v in grads.items()}
+
+
+def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
+                               caps: hardware.Capabilities) -> None:
+    """Refuse a combination TE cannot run here, before it fails deep inside cuBLAS."""
+    cc = caps.env.compute_capability or (0, 0)
+    if backend == "te_ops" and choice.name == "Float8BlockScaling" and cc[0] == 9:
+        raise ValueError(
+            "te.ops GroupedLinear with Float8BlockScaling finds no cuBLAS GEMM algorithm on "
+            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20 with CUDA 13.0's "
+            "cuBLASLt, rows padded to 16 or 128: benchmarks/results/"
+            "h200_block_scaling_alignment.json; TE moves Hopper's block scaling to its grouped "
+            "GEMM path only from cuBLASLt 13.6): use the te_grouped_linear backend, whose "
+            "block-scaled GEMMs run there, or precision 'fp8' with te_ops")
+
+
+def _check_is_causal_lm(hf_model) -> None:
+    supported = families.supported_classes()
+    if not isinstance(hf_model, nn.Module):
+        raise ValueError(f"from_hf takes a transformers causal LM, a model with weights "
+                         f"({supported}); got a {type(hf_model).__name__}: build one with "
+                         f"<Class>(config) or load one with from_pretrained")
+    family = families.family_of(getattr(hf_model, "config", None))
+    if not isinstance(getattr(hf_model, "lm_head", None), nn.Module):
+        raise ValueError(f"from_hf takes a {family.causal_lm} (with its lm_head); got a "
+                         f"{type(hf_model).__name__}: load {family.causal_lm}"
+                         f".from_pretrained(...)")

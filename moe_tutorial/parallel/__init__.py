@@ -1,0 +1,1 @@
+"""Expert parallelism, FSDP2, sharded checkpoints and init, process groups."""

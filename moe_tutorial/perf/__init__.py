@@ -1,0 +1,1 @@
+"""Measuring: timing, benchmarks, profiles, speed of light, memory, analysis, widgets."""

@@ -1,0 +1,668 @@
+"""Where the time goes: one training step's time split by part, from torch.profiler.
+
+Every chapter of the course makes the MoE training step faster by removing one bottleneck, and
+the bottleneck moves: the naive loop is launch-bound, grouped GEMMs make it GEMM-bound, FP8 makes
+quantization and the optimizer show, expert parallelism adds communication. This module measures
+that as data (`StepBreakdown`: ms per step in each of `PARTS`) and draws it as one stacked bar per
+step variant, with the same colour for a part in every chapter:
+
+    bars = step_profile.chapter_breakdowns(cfg, upto="grouped", device=DEVICE, batch=4, seq_len=64)
+    bars.show(title="where the time goes")        # the bars, a table, one sentence
+
+What a part is comes from one ordered rule table, `RULES` (regex → part), applied by `part_of`
+to the names of a profiled event: on a GPU a CUDA kernel, the op that launched it and the ops and
+ranges around that op; on a CPU an aten op and the ops and ranges around it. The first rule that
+matches any of those names wins, so a kernel launched inside `Optimizer.step` is optimizer time
+whatever its name, and an `aten::empty` inside `aten::linear` is GEMM time. Names no rule
+matches are "other".
+
+Two ways of measuring, and the breakdown says which ran (`source`):
+
+* "cuda kernels" (device cuda): GPU time. Each kernel's time goes to its part (when kernels of
+  several streams overlap, each gets an equal share of the overlap); "launch gaps / idle" is the
+  wall time of the profiled steps minus the time any kernel ran: the GPU waiting for the CPU to
+  launch work. `launches_per_step` counts kernels.
+* "cpu ops" (device cpu): the calling thread's time. Each aten op's own time (its duration minus
+  the ops nested in it) goes to its part; "launch gaps / idle" is the time outside any op: Python,
+  the autograd engine and the dispatcher between ops, the host-side cost that becomes launch gaps
+  on a GPU. These are not GPU kernels: they say where the CPU spends the step. The profiled
+  steps run on one thread (`torch.set_num_threads(1)`, restored after): an op's time is wall
+  time, and with torch's intra-op worker threads a matmul's would include waiting for them. On
+  shared cores a small matmul now and then waits milliseconds for a worker the system has not
+  scheduled, and such stalls, not the matmuls' work, would decide the GEMMs part.
+  `launches_per_step` counts top-level ops (those no other op called).
+
+The profiler slows every op down a little, so a profiled step is somewhat slower than a timed one
+(`timing.time_fn`); the parts are measured in the same profiled steps and sum to their total.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import re
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ..train.data import check_count
+from . import widgets
+
+IDLE = "launch gaps / idle"
+OTHER = "other"
+PARTS = ("GEMMs", "attention", "quantization", "permutation", "optimizer",
+         "norms & elementwise", "communication", OTHER, IDLE)
+# One colour per part, the same in every chapter's figure (idle light grey: nothing ran).
+COLORS = {"GEMMs": "#636EFA", "attention": "#AB63FA", "quantization": "#FFA15A",
+          "permutation": "#19D3F3", "optimizer": "#00CC96", "norms & elementwise": "#FECB52",
+          "communication": "#EF553B", OTHER: "#8C8C8C", IDLE: "#D9D9D9"}
+SOURCES = ("cuda kernels", "cpu ops")
+
+
+def _rule(part: str, pattern: str) -> tuple[str, re.Pattern]:
+    return part, re.compile(pattern, re.IGNORECASE)
+
+
+# Ordered: the first rule that matches any name of an event (its own, the op that launched it,
+# the ops and ranges around that op) decides its part. Kernel names checked against TE 2.20.2's
+# libtransformer_engine.so (its kernels' symbols) and transformer_engine/common/triton/.
+RULES: tuple[tuple[str, re.Pattern], ...] = (
+    # Collectives first: NCCL kernels (ncclDevKernel_SendRecv carries all-to-all), gloo, torch's
+    # c10d ops (the wait for a functional collective included), TE's userbuffers; their names
+    # contain "gather" / "reduce", which later rules would claim.
+    _rule("communication", r"nccl|gloo|c10d|alltoall|all_to_all|allreduce|all_reduce|"
+                           r"allgather|all_gather|reduce_?scatter|sendrecv|kuserbuffers|nvshmem"),
+    # TE's random Hadamard transform fused with the NVFP4 cast (rht_gemm_device,
+    # hadamard_transform_cast_fusion): quantization work, though named "gemm", and "hadamard"
+    # contains "adam", which the optimizer rule would claim.
+    _rule("quantization", r"hadamard|rht_gemm"),
+    # Attention before GEMMs: cuDNN's SDPA kernels are named after their wgmma instructions and
+    # flash kernels after their cutlass types; the ops inside torch's SDPA are attention too.
+    _rule("attention", r"flash|fmha|sdpa|scaled_?dot_?product|attention|fused_attn"),
+    # Before GEMMs and elementwise: torch's fused AdamW (FusedAdamMathFunctor), TE's FusedAdam
+    # (multi_tensor_adam), and every op or kernel run inside Optimizer.step / zero_grad (torch's
+    # per-parameter AdamW on a CPU is plain elementwise ops); gradient clipping's norm.
+    _rule("optimizer", r"adam(?!ard)|optimizer\.(step|zero_grad)|sgd|_foreach_norm|lpnorm|"
+                       r"l2norm|clip_grad"),
+    # cuBLAS (nvjet, sm90_xmma, gemv, splitK reduce), CUTLASS (torch._grouped_mm, TE's grouped
+    # GEMM and its setup kernels), and on a CPU the matmul ops and their autograd nodes.
+    _rule("GEMMs", r"gemm|gemv|cutlass|xmma|nvjet|cublas|s16816|s1688|wgmma|"
+                   r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_grouped_mm|einsum|mv)$|"
+                   r"^(Mm|Addmm|Bmm|Baddbmm|GroupedMm|Mv)Backward\d*$"),
+    # TE's casts to FP8 / MXFP8 / NVFP4 and their scales: cast_transpose(_optimized|_general|
+    # _fused), multi_cast_transpose, block_scaled(_1d)_cast_transpose, (group_)quantize_*,
+    # dequantize, cast_fp8, partial_cast, amax kernels (current and delayed scaling),
+    # compute_scale / scale_inv, MXFP8 scale swizzles, FP8 transposed copies with their dbias.
+    _rule("quantization", r"cast_transpose|quantiz|cast_fp8|cast_only|partial_cast|"
+                          r"group_cast|amax\w*_kernel|amax_and_scale|compute_?scale|scale_?inv|"
+                          r"swizzle\w*scaling|block_scaling|nvfp4|transpose_general_kernel|dbias"),
+    # The loss before permutation: its gather of the target logits is not token movement.
+    _rule("norms & elementwise", r"cross_?entropy|nll_loss"),
+    # The token embedding's lookup (an index_select) and its gradient: not expert permutation.
+    _rule(OTHER, r"embedding"),
+    # Token movement: TE's permute kernels (moe_permute/unpermute, the triton _permute_kernel,
+    # row_id_map passes, chunk sorting, per-expert padding), the course's routing.permute /
+    # unpermute (_Dispatch, _Combine), torch's index / gather / scatter / sort kernels and ops,
+    # the naive loop's nonzero, and the router's top-k that decides where tokens go.
+    _rule("permutation", r"moe_(un)?permute|_(un)?permute_kernel|_unpermute|row_id_map|"
+                         r"sort_chunks|chunk_sort|multi_(un)?padding|splits_to_offsets|"
+                         r"^_(Dispatch|Combine)(Backward)?$|index|gather|scatter|sort|topk|"
+                         r"nonzero|bincount|histc|cumsum|repeat_interleave|searchsorted|"
+                         r"masked_select"),
+    # Norms, activations, softmax, casts between float types, copies and fills: torch's
+    # elementwise / reduce / softmax / cat kernels, TE's activation kernels, memcpy / memset,
+    # torch's foreach kernels outside the optimizer, and the matching aten ops on a CPU.
+    _rule("norms & elementwise",
+          r"elementwise|reduce_kernel|softmax|norm|act_kernel|gated|swiglu|silu|gelu|rope|"
+          r"catarray|memcpy|memset|fill|foreach|multi_tensor_apply|"
+          r"^aten::_?(add|sub|rsub|mul|div|neg|exp|log|pow|sqrt|rsqrt|reciprocal|sigmoid|relu|"
+          r"tanh|sin|cos|abs|sign|clamp|maximum|minimum|lerp|addcmul|addcdiv|copy|zero|clone|"
+          r"contiguous|to|to_copy|cat|stack|mean|sum|max|min|amax|where|masked_fill|eq|ne|gt|lt|"
+          r"ge|le|logical_\w+|one_hot|threshold|aminmax)(_\w*)?$"),
+)
+
+
+@functools.lru_cache(maxsize=65536)
+def part_of(*names: str) -> str:
+    """The part (one of `PARTS`) of a profiled event, from its names: its own first, then the op
+    that launched it and the enclosing ops and ranges. The first rule of `RULES` that matches
+    any of them wins; none: "other"."""
+    if not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"part_of takes one or more event names (str), got {names!r}")
+    for part, pattern in RULES:
+        if any(pattern.search(name) for name in names):
+            return part
+    return OTHER
+
+
+# ---------------------------------------------------------------------------------------------
+# The measured breakdown
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """One training step's time by part (see the module docstring for what each source means).
+
+    part_ms           ms per step in every part of `PARTS` (they sum to total_ms)
+    total_ms          wall time per profiled step
+    launches_per_step CUDA kernels ("cuda kernels") or top-level aten ops ("cpu ops") per step
+    source            "cuda kernels" or "cpu ops": which measurement ran
+    device, steps     where it ran, how many steps were profiled
+    path              what the experts ran (e.g. `model.expert_paths()[0]`), "" if not known
+    """
+
+    part_ms: dict[str, float]
+    total_ms: float
+    launches_per_step: float
+    source: str
+    device: str
+    steps: int
+    path: str = ""
+
+    def __post_init__(self):
+        if self.source not in SOURCES:
+            raise ValueError(f"StepBreakdown.source={self.source!r} must be one of {SOURCES}")
+        if set(self.part_ms) != set(PARTS):
+            raise ValueError(f"StepBreakdown.part_ms names {sorted(self.part_ms)}; it needs "
+                             f"exactly the parts {list(PARTS)}")
+        values = [*self.part_ms.values(), self.total_ms, self.launches_per_step]
+        if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"StepBreakdown: every ms and count must be a finite number >= 0, "
+                             f"got part_ms={self.part_ms}, total_ms={self.total_ms}, "
+                             f"launches_per_step={self.launches_per_step}")
+        check_count("StepBreakdown.steps", self.steps)
+        if not self.total_ms > 0:
+            raise ValueError(f"StepBreakdown.total_ms={self.total_ms} must be > 0")
+        parts_sum = sum(self.part_ms.values())
+        if abs(parts_sum - self.total_ms) > 1e-6 * self.total_ms:
+            raise ValueError(f"StepBreakdown: the parts sum to {parts_sum:.6g} ms, not "
+                             f"total_ms={self.total_ms:.6g}: they must split the step exactly")
+        object.__setattr__(self, "part_ms", {p: float(self.part_ms[p]) for p in PARTS})
+
+    def share(self, part: str) -> float:
+        """The fraction of the step spent in `part`."""
+        if part not in PARTS:
+            raise ValueError(f"unknown part {part!r}; choose one of {list(PARTS)}")
+        return self.part_ms[part] / self.total_ms
+
+    def dominant_part(self) -> str:
+        """The part with the most time (the first in `PARTS` order on a tie)."""
+        return max(PARTS, key=lambda part: self.part_ms[part])
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready data (`from_dict` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StepBreakdown:
+        """The breakdown `to_dict` wrote (checked again: a hand-edited file fails here)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"StepBreakdown.from_dict takes the dict to_dict() wrote, got "
+                             f"{type(data).__name__}")
+        expected = set(cls.__dataclass_fields__)
+        if set(data) - expected or not set(data) >= expected - {"path"}:
+            raise ValueError(f"StepBreakdown.from_dict: keys {sorted(data)} are not the "
+                             f"breakdown's fields {sorted(expected)}")
+        return cls(**data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+REGION = "step_profile: profiled steps"  # the record_function around the profiled steps
+# The namespaces of the dispatcher's ops in a CPU profile (ranges, autograd nodes, Python
+# functions have none of these).
+_OP_NAME = re.compile(r"^(aten|prims|c10d|_c10d_functional|c10d_functional)::")
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One profiled piece of work: an interval (µs) on the profile's timeline, how deep it is
+    nested in others (an op in an op: 1), and its part."""
+
+    start: float
+    end: float
+    depth: int
+    part: str
+
+
+def _attribute(units: Sequence[_Unit], start: float, end: float) -> dict[str, float]:
+    """Split the interval [start, end] among `PARTS`: at every moment the innermost running units
+    share the time equally (nested ops: the inner one; overlapping kernels of two streams: half
+    each); moments when nothing runs are "launch gaps / idle". The result sums to end - start."""
+    if not end > start:
+        raise ValueError(f"the profiled region [{start}, {end}] is empty")
+    marks = []
+    for unit in units:
+        lo, hi = max(unit.start, start), min(unit.end, end)
+        if hi > lo:
+            marks += [(lo, 1, unit.depth, unit.part), (hi, -1, unit.depth, unit.part)]
+    marks.sort(key=lambda mark: mark[0])
+    totals = dict.fromkeys(PARTS, 0.0)
+    running: dict[int, Counter] = defaultdict(Counter)  # depth -> part -> units running
+
+    def share(span: float) -> None:
+        if not running:
+            totals[IDLE] += span
+            return
+        innermost = running[max(running)]
+        count = sum(innermost.values())
+        for part, n in innermost.items():
+            totals[part] += span * n / count
+
+    now = start
+    for time, change, depth, part in marks:
+        if time > now:
+            share(time - now)
+            now = time
+        running[depth][part] += change
+        if not running[depth][part]:
+            del running[depth][part]
+            if not running[depth]:
+                del running[depth]
+    share(end - now)
+    return totals
+
+
+def _names(event) -> tuple[str, ...]:
+    """The event's name, then those of the ops and ranges around it, innermost first."""
+    names = [event.name]
+    parent = event.cpu_parent
+    while parent is not None:
+        names.append(parent.name)
+        parent = parent.cpu_parent
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class _Kernel:
+    """One CUDA kernel (memcpy / memset included): its name, its time in µs on the profile's
+    clock (that of `FunctionEvent.time_range`), and the correlation id of the op that launched it
+    (0: none)."""
+
+    name: str
+    start: float
+    end: float
+    launched_by: int
+
+
+def _cuda_kernels(prof) -> list[_Kernel]:
+    """The profile's CUDA kernels, read from kineto's own events: `FunctionEvent` carries the
+    link to the launching op (`linked_correlation_id`) only in newer torch (2.13 has it, the
+    H200's 2.11 does not); kineto's events have it in every version the course supports."""
+    from torch.autograd import DeviceType
+
+    results = prof.profiler.kineto_results
+    origin = results.trace_start_ns()
+    kernels = []
+    for event in results.events():
+        # record_function ranges reappear on the GPU's timeline as user annotations spanning
+        # their kernels: they are not kernels (counted, they would split every kernel's time)
+        if event.device_type() == DeviceType.CUDA and not event.is_user_annotation():
+            start = (event.start_ns() - origin) / 1e3
+            kernels.append(_Kernel(event.name(), start, start + event.duration_ns() / 1e3,
+                                   event.linked_correlation_id()))
+    return kernels
+
+
+def _kernel_units(events, kernels: Sequence[_Kernel]) -> list[_Unit]:
+    """Every kernel, named after itself, the op that launched it (the CPU event whose id is the
+    kernel's correlation id) and that op's enclosing ops and ranges."""
+    from torch.autograd import DeviceType
+
+    ops = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    units = []
+    for kernel in kernels:
+        op = ops.get(kernel.launched_by) if kernel.launched_by else None
+        names = (kernel.name,) + (_names(op) if op is not None else ())
+        units.append(_Unit(kernel.start, kernel.end, 0, part_of(*names)))
+    return units
+
+
+def _op_units(events, region) -> list[_Unit]:
+    """The aten (and c10d) ops of the profiled thread, each as deep as the ops around it."""
+    units = []
+    for e in events:
+        if e.thread != region.thread or not _OP_NAME.match(e.name):
+            continue
+        names = _names(e)
+        depth = sum(1 for name in names[1:] if _OP_NAME.match(name))
+        units.append(_Unit(e.time_range.start, e.time_range.end, depth, part_of(*names)))
+    return units
+
+
+def _device(device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device; pass 'cpu' or 'cuda'") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r}: step_profile measures 'cpu' or 'cuda' steps")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} but torch sees no CUDA GPU here; pass device='cpu'")
+    return dev
+
+
+def profiled_steps(step: Callable[[], object], *, device, steps: int = 3, warmup: int = 2,
+                   with_stack: bool = False):
+    """Run `step()` `warmup` times, then `steps` times under torch.profiler (CPU activity, and
+    CUDA on a CUDA device; `with_stack`: Python frames too) inside the range `REGION`; return
+    the profiler and the checked device. On a GPU the region ends once the GPU has finished the
+    last kernel; on a CPU the steps run on one thread (the module docstring says why)."""
+    if not callable(step):
+        raise ValueError(f"step must be a function running one training step, got "
+                         f"{type(step).__name__}")
+    check_count("steps", steps)
+    check_count("warmup", warmup, least=0)
+    dev = _device(device)
+    on_gpu = dev.type == "cuda"
+
+    def sync():
+        if on_gpu:
+            torch.cuda.synchronize(dev)
+
+    threads = torch.get_num_threads()
+    if not on_gpu:
+        torch.set_num_threads(1)
+    try:
+        prof = _profile(step, steps, warmup, on_gpu, sync, with_stack)
+    finally:
+        torch.set_num_threads(threads)
+    return prof, dev
+
+
+def _profile(step, steps: int, warmup: int, on_gpu: bool, sync, with_stack: bool):
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _ in range(warmup):
+        step()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    # Kineto logs every profiler start and stop to stderr unless told otherwise, read when it
+    # first starts: in a notebook those lines would land in the cell's output
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    # acc_events: one cycle here, so nothing accumulates; without it torch warns on stderr that
+    # events are cleared between cycles (seen in the notebooks' outputs on the H200)
+    with profile(activities=activities, with_stack=with_stack, acc_events=True) as prof:
+        with record_function(REGION):
+            for _ in range(steps):
+                step()
+            sync()  # inside the region: its end is when the GPU has finished the last kernel
+    return prof
+
+
+def profile_step(step: Callable[[], object], *, device, steps: int = 3,
+                 warmup: int = 2) -> StepBreakdown:
+    """Run `step()` `warmup` times, then `steps` times under torch.profiler, and split the
+    profiled steps' time by part: kernel time on a CUDA device, the calling thread's op time on a
+    CPU (the module docstring says what each means). `step` must run one whole training step
+    (forward, backward, optimizer step), e.g. `bench._timed_step(...)`."""
+    prof, dev = profiled_steps(step, device=device, steps=steps, warmup=warmup)
+    on_gpu = dev.type == "cuda"
+    events = prof.events()
+    region = next(e for e in events if e.name == REGION)
+    units = _kernel_units(events, _cuda_kernels(prof)) if on_gpu else _op_units(events, region)
+    start, end = region.time_range.start, region.time_range.end
+    part_us = _attribute(units, start, end)
+    launches = sum(1 for u in units if u.depth == 0 and u.end > start and u.start < end)
+    return StepBreakdown(part_ms={p: us / 1e3 / steps for p, us in part_us.items()},
+                         total_ms=sum(part_us.values()) / 1e3 / steps,
+                         launches_per_step=launches / steps,
+                         source="cuda kernels" if on_gpu else "cpu ops", device=str(dev),
+                         steps=steps)
+
+
+def profile_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches, *,
+                       device, steps: int = 3, warmup: int = 2,
+                       forward: Callable | None = None) -> StepBreakdown:
+    """`profile_step` of the course's own training step (`train.train_step`, as the benchmark
+    times it: no clipping, no host sync) on `batches`: one (inputs, targets) batch or a list of
+    them, used in turn. `forward`: as `train.train_step` takes it (HF models). The breakdown's
+    `path` says what the experts ran (our model)."""
+    from .bench import _timed_step
+
+    if isinstance(batches, tuple) and len(batches) == 2 and all(
+            isinstance(t, torch.Tensor) for t in batches):
+        batches = [batches]
+    if not isinstance(batches, Sequence) or not batches or not all(
+            isinstance(b, tuple) and len(b) == 2 for b in batches):
+        raise ValueError("batches must be an (inputs, targets) tuple of tensors or a non-empty "
+                         "list of them, e.g. bench._random_batch(config, 4, 64, device)")
+    steps_in_turn = itertools.cycle([_timed_step(model, forward, optimizer, batch)
+                                     for batch in batches])
+    breakdown = profile_step(lambda: next(steps_in_turn)(), device=device, steps=steps,
+                             warmup=warmup)
+    paths = model.expert_paths() if hasattr(model, "expert_paths") else [""]
+    return StepBreakdown(**{**breakdown.to_dict(), "path": paths[0] or ""})
+
+
+# ---------------------------------------------------------------------------------------------
+# Presentation
+
+def _check_breakdowns(breakdowns) -> dict[str, StepBreakdown]:
+    if not isinstance(breakdowns, dict) or not breakdowns or not all(
+            isinstance(label, str) and isinstance(b, StepBreakdown)
+            for label, b in breakdowns.items()):
+        raise ValueError("breakdowns must be a non-empty dict {label: StepBreakdown}, e.g. "
+                         "{'naive loop': profile_train_step(...)} or chapter_breakdowns(...)"
+                         ".breakdowns")
+    return breakdowns
+
+
+def breakdown_figure(breakdowns: dict[str, StepBreakdown], *, title: str = "where the time goes"):
+    """A plotly horizontal stacked bar: one bar per label (in the dict's order, top to bottom),
+    one trace per part in its fixed colour, ms per step on x; hovering shows ms and %. None when
+    plotly is not installed."""
+    breakdowns = _check_breakdowns(breakdowns)
+    go = widgets.plotly_go()
+    if go is None:
+        return None
+    labels = list(breakdowns)
+    fig = go.Figure()
+    for part in PARTS:
+        fig.add_trace(go.Bar(
+            name=part, orientation="h", y=labels, marker=dict(color=COLORS[part]),
+            x=[b.part_ms[part] for b in breakdowns.values()],
+            customdata=[100 * b.share(part) for b in breakdowns.values()],
+            hovertemplate=f"%{{y}}<br>{part}: %{{x:.3g}} ms (%{{customdata:.0f}}%)<extra></extra>"))
+    sources = sorted({b.source for b in breakdowns.values()})
+    fig.update_layout(barmode="stack", template="plotly_white", title=dict(text=title),
+                      height=160 + 45 * len(labels), margin=dict(t=70, b=110),
+                      xaxis_title=f"ms per training step (torch.profiler: {', '.join(sources)})",
+                      yaxis=dict(autorange="reversed"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.35, xanchor="left", x=0))
+    return fig
+
+
+def breakdown_table(breakdowns: dict[str, StepBreakdown], *, title: str = "",
+                    skipped: dict[str, str] | None = None) -> widgets.Table:
+    """One row per label: ms per step, launches per step, what measured it, and each part's %;
+    the note says what each row's experts ran and which steps were skipped, and why."""
+    breakdowns = _check_breakdowns(breakdowns)
+    headers = ["step", "ms / step", "launches / step", "measured"] + [f"{p} %" for p in PARTS]
+    rows = [[label, b.total_ms, round(b.launches_per_step), b.source]
+            + [f"{100 * b.share(p):.1f}" for p in PARTS] for label, b in breakdowns.items()]
+    notes = ["launches: CUDA kernels (cuda kernels) or top-level aten ops (cpu ops) per step"]
+    notes += [f"{label} ran {b.path}" for label, b in breakdowns.items() if b.path]
+    notes += [f"skipped {label}: {why}" for label, why in (skipped or {}).items()]
+    return widgets.Table(headers, rows, title=title, note="; ".join(notes))
+
+
+def bottleneck_sentence(breakdowns: dict[str, StepBreakdown]) -> str:
+    """One sentence on how the largest part moves from one step variant to the next."""
+    breakdowns = _check_breakdowns(breakdowns)
+    (first, b0), *rest = breakdowns.items()
+    part = b0.dominant_part()
+    clauses = [f"the {first} spends {100 * b0.share(part):.0f}% of its step in {part}"]
+    for label, b in rest:
+        now = b.dominant_part()
+        verb = "still spends the most in" if now == part else "moves the largest part to"
+        clauses.append(f"the {label} {verb} {now} ({100 * b.share(now):.0f}%)")
+        part = now
+    return "; ".join(clauses) + "."
+
+
+def show_breakdowns(breakdowns: dict[str, StepBreakdown], *, title: str,
+                    skipped: dict[str, str] | None = None) -> None:
+    """Display the stacked bars (`breakdown_figure`), the table and the sentence; without plotly
+    the table and the sentence only, saying so."""
+    fig = breakdown_figure(breakdowns, title=title)
+    if fig is None:
+        print("plotly is not installed (pip install plotly): the table only.")
+    else:
+        widgets.show_figure(fig)
+    widgets.show_table(breakdown_table(breakdowns, title=title, skipped=skipped))
+    sentence = bottleneck_sentence(breakdowns)
+    print(sentence[0].upper() + sentence[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# The course's chapters, one bar each
+
+CHAPTERS = ("naive", "grouped", "te_ops", "fp8", "expert_parallel")
+CHAPTER_LABELS = {"naive": "naive loop", "grouped": "grouped GEMM", "te_ops": "te.ops grouped MLP",
+                  "fp8": "FP8 te.ops", "expert_parallel": "expert parallel (2 processes)"}
+EP_PROCESSES = 2
+
+
+@dataclass
+class ChapterBars:
+    """The chapters' breakdowns {label: StepBreakdown}, and the chapters that could not run here
+    {label: why}."""
+
+    breakdowns: dict[str, StepBreakdown]
+    skipped: dict[str, str]
+
+    def show(self, *, title: str = "where the time goes") -> None:
+        show_breakdowns(self.breakdowns, title=title, skipped=self.skipped)
+
+    def to_dict(self) -> dict:
+        return {"breakdowns": {k: b.to_dict() for k, b in self.breakdowns.items()},
+                "skipped": dict(self.skipped)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ChapterBars:
+        return cls({k: StepBreakdown.from_dict(b) for k, b in data["breakdowns"].items()},
+                   dict(data["skipped"]))
+
+
+def _chapter_variant(chapter: str, te_on_gpu: bool):
+    """The bench.Variant of a single-process chapter. The grouped chapter runs TE's
+    GroupedLinear where TE runs (a GPU), torch._grouped_mm elsewhere."""
+    from .bench import Variant
+
+    label = CHAPTER_LABELS[chapter]
+    return {"naive": Variant(label, "naive"),
+            "grouped": Variant(label, "te_grouped_linear" if te_on_gpu else "grouped_torch"),
+            "te_ops": Variant(label, "te_ops"),
+            "fp8": Variant(label, "te_ops", "fp8")}[chapter]
+
+
+def chapter_breakdowns(cfg, *, upto: str, device, batch: int = 4, seq_len: int = 64,
+                       steps: int = 3, warmup: int = 2,
+                       launch: Callable[..., dict] | None = None) -> ChapterBars:
+    """One `StepBreakdown` per course chapter from the first up to `upto` (one of `CHAPTERS`),
+    each the course's model (`cfg`, the same seeded weights) trained a few steps on the same
+    random batch with that chapter's experts: the naive loop, grouped GEMMs, the te.ops grouped
+    MLP, FP8, expert parallelism. A chapter this machine cannot run (FP8 without TE on a GPU,
+    expert parallelism without 2 GPUs) is in `skipped` with the reason. Where TE's experts run
+    their pure-PyTorch counterparts (no GPU), the label says so.
+
+    Expert parallelism runs in torchrun processes (`train_dist --mode bench --breakdown`);
+    `launch` is `train_dist.launch` (passed in: train_dist imports this module); rank 0's
+    breakdown is shown. It needs `cfg` to be one of `config.PRESETS` (any dtype)."""
+    from ..precision import hardware
+    from .bench import _random_batch
+    from .timing import reset_memory
+
+    if upto not in CHAPTERS:
+        raise ValueError(f"upto={upto!r} is not a chapter; choose one of {CHAPTERS}")
+    check_count("batch", batch)
+    check_count("seq_len", seq_len, least=2)
+    if seq_len > cfg.max_seq_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's max_seq_len="
+                         f"{cfg.max_seq_len}; choose seq_len <= {cfg.max_seq_len}")
+    chapters = CHAPTERS[:CHAPTERS.index(upto) + 1]
+    if "expert_parallel" in chapters and launch is None:
+        raise ValueError("upto='expert_parallel' runs torchrun processes: pass "
+                         "launch=train_dist.launch")
+    dev = _device(device)
+    te_on_gpu = dev.type == "cuda" and hardware.capabilities().has_te
+    data = _random_batch(cfg, batch, seq_len, dev)
+    bars = ChapterBars({}, {})
+    for chapter in chapters:
+        if chapter == "expert_parallel":
+            _expert_parallel_bar(bars, cfg, dev, launch, batch=batch, seq_len=seq_len,
+                                 warmup=warmup, backend=_expert_parallel_backend(te_on_gpu))
+            continue
+        variant = _chapter_variant(chapter, te_on_gpu)
+        reset_memory(dev)
+        try:
+            model, forward = variant.build(cfg, dev)
+        except ValueError as exc:  # refused by set_precision / set_expert_backend: say why
+            bars.skipped[variant.name] = str(exc)
+            continue
+        optimizer = variant.optimizer(model, 1e-5)
+        breakdown = profile_train_step(model, optimizer, data, device=dev, steps=steps,
+                                       warmup=warmup, forward=forward)
+        # TE's experts without TE run their pure-PyTorch counterparts: the bar says so
+        counterpart = getattr(model.model.layers[0].mlp.experts, "uses_te", True) is False
+        bars.breakdowns[variant.name + (" (PyTorch counterpart)" if counterpart else "")] = breakdown
+        del model, optimizer
+    return bars
+
+
+# The model every chapter's bar profiles, per course mode: (preset, batch, seq_len). The small
+# model on a CPU, in seconds; Mixtral-8x7B's width on a GPU, the benchmark's shape, where
+# the GEMMs are large enough for the bottleneck to move from launches to the math.
+COURSE_BARS = {"small": ("tiny", 4, 64), "full": ("mixtral-2l", 1, 4096)}
+
+
+def course_bars(upto: str, *, mode: str, device,
+                launch: Callable[..., dict] | None = None) -> ChapterBars:
+    """`chapter_breakdowns` at the course's sizes for `mode` (`COURSE_BARS`), so that every
+    notebook draws the same bars: bf16 on a GPU, fp32 on a CPU."""
+    from ..moe.config import preset
+
+    if mode not in COURSE_BARS:
+        raise ValueError(f"mode={mode!r}: choose one of {sorted(COURSE_BARS)}")
+    name, batch, seq_len = COURSE_BARS[mode]
+    dtype = "bfloat16" if _device(device).type == "cuda" else "float32"
+    return chapter_breakdowns(preset(name, dtype=dtype), upto=upto, device=device, batch=batch,
+                              seq_len=seq_len, launch=launch)
+
+
+def _expert_parallel_backend(te_on_gpu: bool) -> str:
+    """The experts of the expert-parallel bar: te.ops where TE runs, torch._grouped_mm elsewhere."""
+    return "te_ops" if te_on_gpu else "grouped_torch"
+
+
+def _preset_name(cfg) -> str | None:
+    """The preset `cfg` is (its dtype aside: train_dist picks the dtype per device), or None."""
+    from ..moe.config import PRESETS
+
+    return next((name for name, p in PRESETS.items()
+                 if p.with_overrides(dtype=cfg.dtype) == cfg), None)
+
+
+def _expert_parallel_bar(bars: ChapterBars, cfg, dev: torch.device, launch, *, batch: int,
+                         seq_len: int, warmup: int, backend: str) -> None:
+    label = CHAPTER_LABELS["expert_parallel"]
+    if dev.type == "cuda" and torch.cuda.device_count() < EP_PROCESSES:
+        bars.skipped[label] = (f"needs {EP_PROCESSES} GPUs (one NCCL process each); this "
+                               f"machine has {torch.cuda.device_count()}")
+        return
+    name = _preset_name(cfg)
+    if name is None:
+        bars.skipped[label] = ("train_dist builds its model from a preset name, and this config "
+                               "is none of config.PRESETS")
+        return
+    report = launch(EP_PROCESSES, "--mode", "bench", "--breakdown", "--preset", name,
+                    "--backend", backend, "--batch", str(batch), "--seq-len", str(seq_len),
+                    "--warmup", str(warmup), "--iters", "1", echo=False)
+    rank0 = report["results"][0]
+    bars.breakdowns[label] = StepBreakdown.from_dict({**rank0["step_breakdown"],
+                                                      "path": rank0["path"]})

@@ -1,0 +1,1 @@
+"""What this machine runs and in which precision: hardware, TE recipes, FP8/MXFP8 numerics."""

@@ -1,0 +1,1 @@
+"""Training: the loop, its data and its checkpoints."""

@@ -1,0 +1,1 @@
+"""Repository tooling run from a checkout: environment setup, README generation."""

@@ -1,0 +1,1530 @@
+"""The measured numbers the documents state, rendered from the files under `benchmarks/results/`.
+
+Every measured number in `README.md` and the pages under `docs/` (today the README's chapter table
+and `docs/benchmarks.md`) sits between two markers,
+
+    <!-- BEGIN generated: NAME (python -m tools.docs) -->
+    ...
+    <!-- END generated: NAME -->
+
+and is rendered here from the JSON the run wrote, so one file is the source of each number; the
+README's headline chart (`docs/train-step-ladder.svg`) is drawn here from the same files:
+
+    python -m tools.docs           # rewrite the regions and the chart from the results
+    python -m tools.docs --check   # exit 1, with a diff per region, where they disagree
+
+A re-run of a benchmark changes the documents by `docs`; a hand edit inside a region or of the
+chart, or a result file that changed without `docs`, fails `--check` (tests/test_docs.py runs it
+with the suite). Each region lives in exactly one document, whichever it is; a region lost or
+doubled in an edit is an error. Figures published by others come from `published_recipe.json`,
+each with the file it was published in. The output is a function of the committed files alone
+(no clock, fixed formats).
+
+The README's chapter table is rendered too: each chapter's reading time is estimated from the
+chapter notebook's words and code (`reading_minutes`), its run time is the one measured by a
+headless run of the course (`python -m moe_tutorial run`, recorded with `docs --record-run`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import math
+import os
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+NOTEBOOKS = ROOT / "notebooks"
+RESULTS_LINK = "benchmarks/results"  # a result file's link, from the repository's root
+# The documents that may hold generated regions: the README and every page under docs/ (paths
+# relative to the repository); and the generated chart
+README_NAME, DOCS_DIR = "README.md", "docs"
+CHART = "docs/train-step-ladder.svg"
+
+_REGION = re.compile(
+    r"<!-- BEGIN generated: (?P<name>[\w-]+) \(python -m tools.docs\) -->\n"
+    r"(?P<body>.*?)<!-- END generated: (?P=name) -->", re.S)
+_MARKER = re.compile(r"<!-- (BEGIN|END) generated: ([\w-]+)")
+
+
+class DocsError(ValueError):
+    """A document the generator cannot work on: missing, or its markers broken. The message is
+    one line that names the file and the fix."""
+
+
+@functools.cache
+def _load(name: str) -> dict:
+    try:
+        with open(RESULTS / name) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DocsError(f"{RESULTS / name}: no such result file; the documents quote it, so "
+                        "restore it from git or re-run what wrote it") from None
+
+
+def _link(name: str) -> str:
+    return f"[`{name}`]({RESULTS_LINK}/{name})"
+
+
+def _span(values, fmt: str) -> str:
+    """'lo–hi' of the values in `fmt`, one value where both ends print alike."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _table(header: list[str], align: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# ---------------------------------------------------------------------------------------------
+# One H200: `python -m moe_tutorial bench` (h200.json)
+
+BACKEND_LABELS = {"grouped_torch": "torch._grouped_mm", "te_grouped_linear": "te.GroupedLinear",
+                  "te_permute_grouped_mm": "TE permutation + torch._grouped_mm",
+                  "te_ops": "te.ops"}
+
+
+def _backend_label(backend: str) -> str:
+    from moe_tutorial.perf.bench import CUTLASS
+
+    base = BACKEND_LABELS.get(backend.removesuffix(CUTLASS), backend)
+    return base + (" + CUTLASS" if backend.endswith(CUTLASS) else "")
+
+
+def _expert_rows(report: dict, shape: str, routing: str = "balanced") -> list[dict]:
+    return [r for r in report["results"]
+            if r["part"] == "expert" and r["shape"] == shape and r["routing"] == routing]
+
+
+def _fastest(rows: list[dict]) -> dict | None:
+    ok = [r for r in rows if r.get("status") == "ok"]
+    return min(ok, key=lambda r: r["median_ms"]) if ok else None
+
+
+def _peaks(report: dict, kind: str) -> tuple[float | None, float | None]:
+    """(measured, datasheet) dense TFLOP/s of `kind` ('bf16' | 'fp8') recorded with a run; None
+    where the run did not record it (files from before bench measured an FP8 peak)."""
+    from moe_tutorial.perf.timing import Peaks
+
+    return Peaks.from_dict(report).of(kind)
+
+
+def _peak_text(report: dict, kind: str) -> str:
+    measured, datasheet = _peaks(report, kind)
+    if measured is None and datasheet is None:
+        return "not measured in this run"
+    show = lambda v: "not measured" if v is None else f"{v:,.0f}"  # noqa: E731
+    return f"{show(measured)} TFLOP/s measured / {show(datasheet)} datasheet"
+
+
+def h200_environment() -> str:
+    report = _load("h200.json")
+    env = report["environment"]
+    sm = "sm_" + env["compute_capability"].replace(".", "")
+    dates = sorted({part["date"][:10] for part in report.get("parts") or [env]})
+    return (f"One {env['gpu']} ({sm}, driver {env['driver']}, CUDA {env['cuda']}), torch "
+            f"{env['torch']}, Transformer Engine {env['transformer_engine']}, transformers "
+            f"{env['transformers']}, Python {env['python']}; run in parts on "
+            f"{' and '.join(dates)}. Dense matmul peaks measured in the training-step part, what "
+            f"every MFU below divides by: bf16 {_peak_text(report, 'bf16')}; FP8 "
+            f"{_peak_text(report, 'fp8')}.")
+
+
+# (header, backends to choose the fastest of, precision); the loop comes first.
+EXPERT_COLUMNS = [
+    ("HF-eager-style loop", ("naive",), "bf16"),
+    ("`torch._grouped_mm`", ("grouped_torch",), "bf16"),
+    ("TE permutation + `torch._grouped_mm`", ("te_permute_grouped_mm",), "bf16"),
+    ("`te.GroupedLinear` bf16", ("te_grouped_linear",), "bf16"),
+    ("`te.ops` bf16", ("te_ops",), "bf16"),
+    ("+ CUTLASS grouped GEMM", ("te_grouped_linear+cutlass", "te_ops+cutlass"), "bf16"),
+    ("`te.ops` FP8 (DelayedScaling)", ("te_ops",), "DelayedScaling"),
+]
+SHAPE_LABELS = {"mixtral": "Mixtral 8x7B", "fine_grained": "fine-grained", "small": "small",
+                "qwen3_30b_a3b": "Qwen3-MoE-30B-A3B", "olmoe_1b_7b": "OLMoE-1B-7B",
+                "deepseek_v3": "DeepSeek-V3 (routed experts)"}
+
+
+def _expert_cell(row: dict | None, name_backend: bool) -> str:
+    if row is None:
+        return "–"
+    if row.get("status") != "ok":
+        return row.get("status", "?").upper()
+    if row["backend"] == "naive":
+        return f"{row['median_ms']:.1f} ms"
+    detail = f", {_backend_label(row['backend'])}" if name_backend else ""
+    return f"{row['median_ms']:.1f} ms ({row['speedup_vs_loop']:.2f}×{detail})"
+
+
+def h200_expert_layer() -> str:
+    """The expert-layer table, balanced routing: each column's fastest backend, the fastest
+    cell of a row in bold."""
+    from moe_tutorial.perf.bench import EXPERT_SHAPES
+
+    report = _load("h200.json")
+    shapes = list(dict.fromkeys(r["shape"] for r in report["results"] if r["part"] == "expert"))
+    rows = []
+    for shape in shapes:
+        found = _expert_rows(report, shape)
+        chosen = [_fastest([r for r in found if r["backend"] in backends and r["precision"] == p])
+                  for _, backends, p in EXPERT_COLUMNS]
+        best = _fastest([r for r in chosen[1:] if r is not None])
+        cells = [_expert_cell(r, len(col[1]) > 1) for r, col in zip(chosen, EXPERT_COLUMNS)]
+        cells = [f"**{c}**" if r is best and r is not None else c for r, c in zip(chosen, cells)]
+        s = EXPERT_SHAPES[shape]
+        dims = f"({s.tokens}, {s.hidden}, {s.intermediate}, {s.experts}, {s.top_k})"
+        rows.append([f"{SHAPE_LABELS.get(shape, shape)} {dims}"] + cells)
+    table = _table(["shape (T, H, I, E, k)"] + [c[0] for c in EXPERT_COLUMNS],
+                   ["---"] * (len(EXPERT_COLUMNS) + 1), rows)
+    runs = _expert_shapes_by_run(report)
+    if len(runs) < 2:
+        return table
+    return table + "\n\nThe rows come from " + str(len(runs)) + " runs on the same machine type " \
+        "and versions (`bench --merge`): " + "; ".join(
+            f"{', '.join(SHAPE_LABELS.get(s, s) for s in names)} on {part['date']} (dense bf16 "
+            f"matmul {part['dense_bf16_tflops_measured']:.0f} TFLOP/s)" for part, names in runs) + "."
+
+
+def _expert_shapes_by_run(report: dict) -> list[tuple[dict, list[str]]]:
+    """(part, its expert shapes) for each part of a merged report that measured expert shapes;
+    the parts' results lie in the report in part order."""
+    runs, start = [], 0
+    for part in report.get("parts") or []:
+        rows = report["results"][start:start + part["results"]]
+        start += part["results"]
+        names = list(dict.fromkeys(r["shape"] for r in rows if r["part"] == "expert"))
+        if names:
+            runs.append((part, names))
+    return runs
+
+
+def _cutlass_ratios(experts: list[dict], shape: str) -> list[float]:
+    """Time with TE's CUTLASS grouped GEMM over time without, per routing and TE backend."""
+    from moe_tutorial.perf.bench import CUTLASS
+
+    ms = {(r["routing"], r["backend"]): r["median_ms"] for r in experts
+          if r["shape"] == shape and r["precision"] == "bf16" and r.get("status") == "ok"}
+    return [t / ms[(routing, backend.removesuffix(CUTLASS))]
+            for (routing, backend), t in ms.items() if backend.endswith(CUTLASS)]
+
+
+def _loop_ms(name: str, shape: str) -> str:
+    loop = _fastest([r for r in _expert_rows(_load(name), shape) if r["backend"] == "naive"])
+    return f"{loop['median_ms']:.1f} ms in {_link(name)}"
+
+
+def h200_expert_notes() -> str:
+    from moe_tutorial.perf.bench import FAMILY_SHAPES, precision_kind
+
+    experts = [r for r in _load("h200.json")["results"] if r["part"] == "expert"]
+    fp8 = [r for r in experts
+           if r.get("status") == "ok" and precision_kind(r["precision"]) == "fp8"]
+    slower = [ratio - 1 for ratio in _cutlass_ratios(experts, "mixtral")]
+    faster = [1 / ratio for ratio in _cutlass_ratios(experts, "fine_grained")]
+    unsupported = sorted({f"`{_backend_label(r['backend'])}` with `{r['precision']}`"
+                          for r in experts if r.get("status") == "unsupported"})
+    # Every H200 file with the loop: how much a launch-bound time moves between runs.
+    loops = [_loop_ms(name, "fine_grained")
+             for name in ("h200.json", "h200_fused_norm_loss.json", "h200_cutlass_grouped_gemm.json")]
+    lines = [
+        f"- FP8 outputs are within {_span([r['rel_error'] for r in fp8], '.1%')} (relative, "
+        f"Frobenius norm) of the bf16 loop's — E4M3's rounding; the check allows "
+        f"{_span([r['tolerance'] for r in fp8], '.0%')}.",
+        f"- TE's CUTLASS grouped GEMM (`NVTE_USE_CUTLASS_GROUPED_GEMM`) makes the fine-grained shape "
+        f"{_span(faster, '.2f')}× faster and the Mixtral shape {_span(slower, '.0%')} slower (both "
+        f"routings, both TE backends).",
+    ]
+    summary = _load("h200.json")["summary"]
+    losses = [(SHAPE_LABELS.get(shape, shape), summary.get(f"expert_{shape}_best_fp8_vs_best_bf16"))
+              for shape in FAMILY_SHAPES]
+    losses = [(label, ratio) for label, ratio in losses if ratio is not None and ratio < 1]
+    if losses:
+        lines.append("- FP8 loses to bf16 with many small experts on this GPU: the fastest FP8 "
+                     "cell over the fastest bf16 cell is " + ", ".join(
+                         f"{ratio:.2f}× for {label}" for label, ratio in losses)
+                     + " (balanced routing, the shapes above; no profile of where the FP8 time "
+                     "goes was taken for these shapes).")
+    if unsupported:
+        lines.append(f"- Reported UNSUPPORTED (the library has no kernel for it on this GPU): "
+                     f"{', '.join(unsupported)}.")
+    lines.append("- The loop waits for the host once per expert (its shape depends on the "
+                 "routing), so its time moves between runs on the same machine type and versions: "
+                 "the fine-grained loop (balanced) took " + ", ".join(loops) + ".")
+    per_expert = _loop_cost_per_expert_hit(experts, "deepseek_v3")
+    if per_expert:
+        lines.append(per_expert)
+    return "\n".join(lines)
+
+
+def _loop_cost_per_expert_hit(experts: list[dict], shape: str) -> str | None:
+    """Why the loop is so slow with hundreds of large experts, from its two routings: both do
+    the same FLOPs, so the extra time of the routing that reaches more experts is a cost per
+    expert reached. HF's loop (and ours) indexes the 3-D weights, `gate_up_proj[e]`; autograd's
+    `select_backward` answers each index with a zero gradient the size of *all* the experts'
+    weights (`grad.new_zeros(input_sizes)` then `select_scatter`) that is then added into
+    `.grad`."""
+    from moe_tutorial.perf.bench import EXPERT_SHAPES
+
+    loops = {r["routing"]: r for r in experts if r["shape"] == shape and r["backend"] == "naive"
+             and r.get("status") == "ok"}
+    if set(loops) != {"balanced", "skewed"}:
+        return None
+    hit = {k: int(re.search(r"over (\d+) experts", r["path"])[1]) for k, r in loops.items()}
+    if hit["balanced"] == hit["skewed"]:
+        return None
+    s = EXPERT_SHAPES[shape]
+    weight_gb = s.experts * 3 * s.hidden * s.intermediate * 2 / 1e9  # bf16 gate, up, down
+    hbm = _load("h200.json")["speed_of_light"]["rates"]["hbm_gb_per_s"]
+    slope = ((loops["balanced"]["median_ms"] - loops["skewed"]["median_ms"])
+             / (hit["balanced"] - hit["skewed"]))
+    one_pass = weight_gb / hbm * 1e3
+    return (f"- The loop's {SHAPE_LABELS.get(shape, shape)} time is not its GEMMs: both routings "
+            f"do the same FLOPs, yet balanced routing reaches {hit['balanced']} experts and takes "
+            f"{loops['balanced']['median_ms']:,.0f} ms, skewed reaches {hit['skewed']} and takes "
+            f"{loops['skewed']['median_ms']:,.0f} ms — {slope:.1f} ms per expert reached. Indexing "
+            f"the 3-D weight `gate_up_proj[e]`, as HF's eager experts do, makes autograd's "
+            f"`select_backward` build a zero gradient the size of all {s.experts} experts' weights "
+            f"({weight_gb:.1f} GB in bf16) for each expert and add it into `.grad`: one pass over "
+            f"{weight_gb:.1f} GB at the {hbm / 1e3:.2f} TB/s copy rate measured is {one_pass:.1f} ms, "
+            f"so each expert reached costs about {slope / one_pass:.0f} such passes. A grouped "
+            f"path indexes nothing per expert.")
+
+
+TRAIN_LABELS = {"hf_eager": "HF `MixtralForCausalLM`, eager experts",
+                "hf_grouped_mm": "HF, `grouped_mm` experts",
+                "hf_grouped_mm_compiled": "HF, `grouped_mm` + `torch.compile`"}
+
+
+def _train_rows(report: dict) -> dict[str, dict]:
+    return {r["variant"]: r for r in report["results"] if r["part"] == "train"}
+
+
+def _train_label(variant: str) -> str:
+    from moe_tutorial.perf.bench import VARIANTS, candidate_base
+
+    if variant in TRAIN_LABELS:
+        return TRAIN_LABELS[variant]
+    if variant not in VARIANTS:
+        return f"`{variant}`"
+    v = VARIANTS[variant]
+    if v.hf:  # an HF candidate: its base's label and what it changes
+        return TRAIN_LABELS[candidate_base(variant)] + _compiled_parts(v)
+    return ("ours, " + ("`te.ops` grouped MLP" if v.backend == "te_ops"
+                        else f"`{BACKEND_LABELS[v.backend]}`") + _compiled_parts(v))
+
+
+def _compiled_parts(v) -> str:
+    """' + the loss and AdamW compiled' and the like: a candidate's torch.compile changes."""
+    parts = [what for what, on in (("the loss", v.compiled_loss), ("AdamW", v.compiled_adamw))
+             if on]
+    return f" + {' and '.join(parts)} compiled" if parts else ""
+
+
+def _mfu(row: dict, report: dict, kind: str) -> str:
+    """'measured / datasheet' MFU against `kind`'s dense peak, as bench prints it."""
+    from moe_tutorial.perf.timing import mfu_text
+
+    return mfu_text(row["tflops"], _peaks(report, kind), missing="not measured")
+
+
+def train_step_table(report: dict) -> str:
+    """The training-step table of a bench report: MFU against the peak of each row's precision
+    (the headline for FP8 rows) and against the bf16 peak, each measured / datasheet."""
+    from moe_tutorial.perf.bench import row_precision, step_floor_ms
+
+    best = report["summary"]["train_step_best_variant"]
+    # With a speed_of_light section: each row's floor (its precision's) and floor ÷ measured
+    floors = bool(report.get("speed_of_light"))
+    rows = []
+    for variant, r in _train_rows(report).items():
+        precision = row_precision(r)
+        cells = [_train_label(variant), "FP8" if precision == "fp8" else precision]
+        if r.get("status") != "ok":
+            rows.append(cells + [r.get("status", "?").upper()] + ["–"] * (5 + bool(floors)))
+            continue
+        bold = (lambda s: f"**{s}**") if variant == best else (lambda s: s)
+        mem = "–" if r.get("peak_memory_gb") is None else f"{r['peak_memory_gb']:.1f}"
+        floor_cell = []
+        if floors:
+            floor_ms = step_floor_ms(r, report["speed_of_light"])
+            floor_cell = ["–" if floor_ms is None else
+                          f"{floor_ms:.1f} ({floor_ms / r['median_ms']:.0%})"]
+        rows.append(cells + [bold(f"{r['median_ms']:.1f}"), bold(f"{r['tokens_per_s']:,.0f}"),
+                             bold(f"{r['tflops']:.0f}"), _mfu(r, report, precision),
+                             _mfu(r, report, "bf16"), mem] + floor_cell)
+    return _table(["variant", "precision", "ms/step", "tokens/s", "TFLOP/s",
+                   "MFU vs its precision's peak (measured / datasheet)",
+                   "MFU vs bf16 peak (measured / datasheet)", "peak GiB"]
+                  + ["floor ms (floor ÷ ms/step)"] * bool(floors),
+                  ["---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]
+                  + ["---:"] * bool(floors), rows)
+
+
+def _train_config(report: dict):
+    """The model bench trained (its default on a GPU, `mixtral-2l`), checked against the FLOPs
+    the file recorded so the README cannot describe another model than the one timed."""
+    from moe_tutorial.moe.config import preset
+    from moe_tutorial.perf.timing import model_flops_per_token
+
+    config = preset("mixtral-2l")
+    row = next(iter(_train_rows(report).values()))
+    if model_flops_per_token(config, row["seq_len"]) * row["tokens"] != row["flops"]:
+        raise ValueError("the training rows' FLOPs are not mixtral-2l's: update docs._train_config")
+    return config, row
+
+
+def h200_train_step() -> str:
+    report = _load("h200.json")
+    config, first = _train_config(report)
+    ok = [r for r in _train_rows(report).values() if r.get("status") == "ok"]
+    params = config.parameter_counts()["total"]
+    return (
+        f"**Training step** of `mixtral-2l` (Mixtral-8x7B widths, {config.num_layers} layers, "
+        f"{params / 1e9:.1f} B parameters), batch {first['batch']} × {first['seq_len']} tokens, "
+        f"forward + backward + AdamW step (torch's fused AdamW, but compiled by `torch.compile` "
+        f"in the rows that say *AdamW compiled*), bf16 "
+        f"parameters, same initial weights for every variant (first-step losses agree within "
+        f"{max(r['loss_diff'] for r in ok):.1g} nats):\n\n"
+        + train_step_table(report) + "\n\n"
+        f"TFLOP/s = (6 × {config.active_params_per_token() / 1e6:.1f} M active parameters + 12 × "
+        f"layers × seq × hidden) × tokens / time ({first['flops'] / 1e12:.1f} TFLOP per step). "
+        f"MFU divides it by a dense matmul peak of the same run: bf16 "
+        f"{_peak_text(report, 'bf16')}; FP8 {_peak_text(report, 'fp8')}. An FP8 row's headline "
+        f"MFU is against the FP8 peak; against the bf16 peak it says how far past bf16's ceiling "
+        f"FP8 took the step.")
+
+
+# The course's targets: (summary key, the target with {} for its value, the value,
+# higher is better).
+TARGETS = [
+    ("expert_mixtral_best_bf16_speedup_vs_loop",
+     "expert layer, Mixtral shape, best bf16 ≥ {}× the loop", 1.75, True),
+    ("expert_mixtral_best_fp8_speedup_vs_loop",
+     "expert layer, Mixtral shape, best FP8 ≥ {}× the loop", 2.8, True),
+    ("expert_finegrained_best_speedup_vs_loop", "expert layer, fine-grained shape ≥ {}× the loop",
+     6.5, True),
+    ("expert_finegrained_default_speedup_vs_loop",
+     "expert layer, fine-grained shape, the course's default path ≥ {}× the loop", 7, True),
+    ("train_step_speedup_vs_hf_eager", "training step ≥ {}× HF eager", 2.35, True),
+    ("train_step_speedup_vs_hf_grouped_mm", "training step ≥ {}× HF grouped_mm", 1.75, True),
+    ("train_step_speedup_vs_hf_grouped_mm_compiled",
+     "training step ≥ {}× HF grouped_mm under torch.compile", 1.45, True),
+    ("train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled",
+     "best bf16 training step ≥ {}× HF grouped_mm under torch.compile", 1.15, True),
+    ("train_step_peak_mem_ratio_vs_hf_grouped_mm", "peak memory ≤ {}× HF grouped_mm's", 0.85,
+     False),
+    ("train_step_fraction_of_speed_of_light",
+     "best step ≥ {}× of its speed of light (floor ÷ measured)", 0.8, True),
+]
+
+
+def _target_detail(report: dict, key: str) -> str:
+    """Which variant reached the measured value."""
+    from moe_tutorial.perf.bench import best_step, precision_kind, row_precision, step_floor_ms
+
+    if key.startswith("expert_"):
+        shape = "mixtral" if "mixtral" in key else "fine_grained"
+        kind = "fp8" if "fp8" in key else "bf16" if "bf16" in key else None
+        row = _fastest([r for r in _expert_rows(report, shape) if r["backend"] != "naive"
+                        and (kind is None or precision_kind(r["precision"]) == kind)
+                        and ("_default_" not in key or r.get("default"))])
+        recipe = f", {row['precision']}" if precision_kind(row["precision"]) == "fp8" else ""
+        return f"{_backend_label(row['backend'])}{recipe}"
+    train = _train_rows(report)
+    best = train[report["summary"]["train_step_best_variant"]]
+    if key == "train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled":
+        best = best_step(train.values(), "bf16")
+    if key == "train_step_fraction_of_speed_of_light":
+        floor_ms = step_floor_ms(best, report["speed_of_light"])
+        return f"floor {floor_ms:.1f} ms ÷ {best['median_ms']:.1f} ms, {_train_label(best['variant'])}"
+    if key.endswith("peak_mem_ratio_vs_hf_grouped_mm"):
+        return f"{best['peak_memory_gb']:.1f} vs {train['hf_grouped_mm']['peak_memory_gb']:.1f} GiB"
+    return f"{_train_label(best['variant'])}, {row_precision(best).replace('fp8', 'FP8')}"
+
+
+def h200_targets() -> str:
+    report, recipe = _load("h200.json"), _load("published_recipe.json")["comparisons"]
+    rows = []
+    for key, what, target, higher in TARGETS:
+        value = report["summary"][key]
+        goal = what.format(f"{target:g}")
+        if value is None:
+            rows.append([goal, "not measured", ""])
+            continue
+        if value >= target if higher else value <= target:
+            verdict = "met"
+        elif higher:
+            verdict = f"missed ({1 - value / target:.0%} short)"
+        else:
+            verdict = f"missed ({value / target - 1:.0%} over)"
+        unit = "" if key == "train_step_fraction_of_speed_of_light" else "×"  # a fraction
+        rows.append([goal, f"**{value:.2f}{unit}** ({_target_detail(report, key)})", verdict])
+    headline, like = recipe["mxfp8_headline"], recipe["hf_like_for_like"]
+    tps = like["tokens_per_s_per_gpu"]
+    vs_hf = next(target for key, _, target, _ in TARGETS if key == "train_step_speedup_vs_hf_eager")
+    return (_table(["target", "measured", ""], ["---", "---", "---"], rows) + "\n\n"
+            f"The {vs_hf:g}× target is kept as it was set, but the BioNeMo "
+            f"recipe's {headline['published_speedup']:g}× is {headline['published_speedup_of']} "
+            f"({headline['gpus']}, {headline['layout']}, seq {headline['seq_len']}), not a speedup "
+            f"over HF; the recipe's like-for-like comparison with HF ({like['gpus']}, seq "
+            f"{like['seq_len']}) is {tps['TE MXFP8'] / tps[like['baseline']]:.2f}× for TE MXFP8 "
+            f"and {tps['TE bf16'] / tps[like['baseline']]:.2f}× for TE bf16 (see below).")
+
+
+def h200_speed_of_light() -> str:
+    """The step's speed of light from h200.json's `speed_of_light` section: the rates it was
+    computed from, and per part of each profiled chapter step, measured against its floor."""
+    report = _load("h200.json")
+    section = report["speed_of_light"]
+    rates, workload = section["rates"], section["workload"]
+    variants = section["variants"]
+    parts = [row["part"] for row in next(iter(variants.values()))["rows"]]
+    rows = []
+    for part in parts:
+        cells = [part]
+        for comparison in variants.values():
+            row = next(r for r in comparison["rows"] if r["part"] == part)
+            floor = "–" if not row["floor_ms"] else f"{row['floor_ms']:.1f}"
+            cells.append(f"{row['measured_ms']:.1f} / {floor}")
+        rows.append(cells)
+    rows.append(["**whole step**"] + [
+        f"**{c['measured_ms']:.1f} / {c['floor_ms']:.1f}** ({c['floor_ms'] / c['measured_ms']:.0%})"
+        for c in variants.values()])
+    return (
+        f"Rates measured in the same run ({rates['device']}, {_link('h200_speed_of_light.json')}, "
+        f"merged into {_link('h200.json')}): dense bf16 {rates['dense_bf16_tflops']:,.0f} and FP8 "
+        f"{rates['dense_fp8_tflops']:,.0f} TFLOP/s, the step's expert GEMM shapes "
+        f"{rates['expert_bf16_tflops']:,.0f} (bf16) and {rates['expert_fp8_tflops']:,.0f} (FP8) "
+        f"TFLOP/s, HBM {rates['hbm_gb_per_s']:,.0f} GB/s, attention "
+        f"{rates['attention_tflops']:,.0f} TFLOP/s. Each part's floor is its FLOPs at its rate or "
+        f"its bytes at HBM's rate, whichever is longer (`speed_of_light.step_work`); the step's "
+        f"floor is their sum: `{workload['preset']}`, batch {workload['batch']} × "
+        f"{workload['seq_len']}, {workload['optimizer']}. Each chapter's step profiled "
+        f"(`torch.profiler`, kernel time per part, ms measured / floor; the profiler's own "
+        f"overhead lands in *launch gaps / idle*):\n\n"
+        + _table(["part", *variants], ["---"] + ["---:"] * len(variants), rows))
+
+
+# AdamW stepped in the backward pass (`train.StepInBackward`), one file per way of running it
+COMPILED_STEP_IN_BACKWARD_RUN = "h200_compiled_step_in_backward.json"
+STEP_IN_BACKWARD_RUNS = (("h200_step_in_backward_same_stream.json",
+                          "on the backward pass's own stream"),
+                         ("h200_step_in_backward_side_stream.json",
+                          "on a side stream (`overlap=True`, the default)"),
+                         (COMPILED_STEP_IN_BACKWARD_RUN,
+                          "compiled, a layer's group at a time, on a side stream "
+                          "(`compiled=True`)"))
+
+
+def h200_step_in_backward() -> str:
+    """Each variant with and without AdamW stepped in the backward pass, per committed run."""
+    from moe_tutorial.perf.bench import row_precision
+
+    rows = []
+    for name, how in STEP_IN_BACKWARD_RUNS:
+        train = _train_rows(_load(name))
+        for variant, r in train.items():
+            early = train.get(f"{variant}_step_in_backward")
+            if early is None:
+                continue
+            rows.append([how, f"{_train_label(variant)}, {row_precision(r).replace('fp8', 'FP8')}",
+                         f"{r['median_ms']:.1f} → {early['median_ms']:.1f}",
+                         f"{r['median_ms'] / early['median_ms']:.3f}×",
+                         f"{r['peak_memory_gb']:.1f} → {early['peak_memory_gb']:.1f}", _link(name)])
+    return _table(["AdamW stepped", "variant", "ms/step: after → in the backward pass",
+                   "speedup", "peak GiB", "run"], ["---", "---", "---:", "---:", "---:", "---"],
+                  rows)
+
+
+def h200_compiled_candidates() -> str:
+    """The torch.compile candidates, each beside its base variant in the same run,
+    per committed run; then both together against the compiled HF step and the targets."""
+    from moe_tutorial.perf.bench import VARIANTS, committed_candidate_gains
+
+    gains = [gain for gain in committed_candidate_gains()
+             if (VARIANTS[gain["variant"]].compiled_loss or VARIANTS[gain["variant"]].compiled_adamw)
+             and not VARIANTS[gain["variant"]].step_in_backward]  # those: h200_step_in_backward
+    rows = [[gain["technique"], f"{_train_label(gain['base'])}, "
+             f"{gain['precision'].replace('fp8', 'FP8')}",
+             f"{gain['base_ms']:.1f} → {gain['ms']:.1f}", f"{gain['speedup']:.3f}×",
+             f"{gain['base_peak_gb']:.1f} → {gain['peak_gb']:.1f}", _link(Path(gain["run"]).name)]
+            for gain in gains]
+    last_run = Path(gains[-1]["run"]).name  # the newest run: it has both compiled together
+    last = _load(last_run)
+    train = _train_rows(last)
+    hf, hf_twin = train["hf_grouped_mm_compiled"], train["hf_grouped_mm_compiled_compiled_adamw"]
+    fp8, bf16 = train["ours_te_ops_fp8_compiled"], train["ours_te_ops_bf16_compiled"]
+    env = last["environment"]
+    target = {key: goal for key, _, goal, _ in TARGETS}
+    return (
+        f"One {env['gpu']}, torch {env['torch']}, TE {env['transformer_engine']}; each "
+        f"candidate and its base variant in the same `bench --train-variants` run (medians of "
+        f"the timed steps):\n\n"
+        + _table(["what changes", "variant", "ms/step: base → candidate", "speedup", "peak GiB",
+                  "run"], ["---", "---", "---:", "---:", "---:", "---"], rows)
+        + f"\n\nWith both, in {_link(last_run)}: our FP8 step "
+        f"{fp8['median_ms']:.1f} ms, {hf['median_ms'] / fp8['median_ms']:.2f}× the compiled HF "
+        f"step's {hf['median_ms']:.1f} ms (the course's target "
+        f"{target['train_step_speedup_vs_hf_grouped_mm_compiled']}×), and our bf16 step "
+        f"{bf16['median_ms']:.1f} ms, {hf['median_ms'] / bf16['median_ms']:.2f}× (target "
+        f"{target['train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled']}×). AdamW compiled "
+        f"is no MoE technique, so HF got it too: {hf_twin['median_ms']:.1f} ms, against which "
+        f"our FP8 step is {hf_twin['median_ms'] / fp8['median_ms']:.2f}×.")
+
+
+IDLE_GAPS_RUN = "h200_idle_gaps.json"
+
+
+def h200_idle_gaps() -> str:
+    """Each profiled variant's idle GPU time by cause (`idle_gaps`), where the best step's
+    after-sync idle time comes from, and what its GPU work alone would take against HF."""
+    from moe_tutorial.perf.idle_gaps import AFTER_SYNC, HOST_BEHIND, SHORT, IdleGaps
+
+    run = _load(IDLE_GAPS_RUN)
+    env, variants = run["environment"], run["variants"]
+    gaps = {name: IdleGaps.from_dict(v["gaps"]) for name, v in variants.items()}
+    rows = []
+    for name, g in gaps.items():
+        causes = g.ms_by_cause()
+        rows.append([f"`{name}`", f"{variants[name]['median_ms']:.1f}", f"{g.busy_ms:.1f}",
+                     f"{g.idle_ms:.1f}", f"{causes[AFTER_SYNC]:.1f}", f"{g.syncs_per_step:.0f}",
+                     f"{causes[HOST_BEHIND]:.1f}", f"{causes[SHORT]:.1f}"])
+    from moe_tutorial.perf.bench import variant
+
+    ours = sorted((name for name in gaps if not variant(name).hf),
+                  key=lambda name: variants[name]["median_ms"])
+    best = ours[0]
+    hf_busy = gaps["hf_grouped_mm_compiled"].busy_ms
+    targets = {key: goal for key, _, goal, _ in TARGETS}
+    # each precision's fastest step against its own target (the best step; the best bf16 step)
+    goals = {"fp8": "train_step_speedup_vs_hf_grouped_mm_compiled",
+             "bf16": "train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled"}
+    fastest = {}
+    for name in ours:
+        fastest.setdefault(variant(name).precision_kind, name)
+    alone, reached = [], []
+    for kind, name in fastest.items():
+        ratio, goal = hf_busy / gaps[name].busy_ms, targets[goals[kind]]
+        reached.append(ratio >= goal)
+        alone.append(f"`{name}`'s {gaps[name].busy_ms:.1f} ms busy, HF's {ratio:.2f}× as much "
+                     f"(its step's target, {goal}×: " + ("reached" if reached[-1] else "missed")
+                     + ")")
+    verdict = ("what separates these steps from their targets is time the GPU waits for the "
+               "host, not kernel time" if all(reached) else
+               "kernel time too holds back the steps whose GPU work alone misses its target")
+    places = [r for r in gaps[best].rows if r["cause"] == AFTER_SYNC][:3]
+    return (
+        f"One {env['gpu']}, torch {env['torch']}, TE {env['transformer_engine']}, "
+        f"`{run['preset']}`, batch {run['batch']} × {run['seq_len']}, {run['steps']} profiled "
+        f"steps per variant, ms per step, in {_link(IDLE_GAPS_RUN)}. The profiler slows the "
+        f"host, so busy + idle exceeds the unprofiled median and the idle columns are upper "
+        f"bounds:\n\n"
+        + _table(["variant", "ms/step (unprofiled)", "GPU busy", "GPU idle", "after a host sync",
+                  "host syncs", "host behind, no sync", "gaps < 20 µs"],
+                 ["---", "---:", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+        + f"\n\nThe largest after-sync gaps of `{best}`, by the op that waited and the op "
+        f"around it: "
+        + "; ".join(f"`{r['where']}` {r['ms']:.2f} ms in {r['gaps']:.3g} gaps" for r in places)
+        + f". The GPU work alone of each precision's fastest step, against the GPU work of the "
+        f"compiled HF step in the same profiles ({hf_busy:.1f} ms busy): " + "; ".join(alone)
+        + f". So {verdict}.")
+
+
+# `python -m moe_tutorial idle-gaps` of the compiled AdamW stepped in the backward pass
+STEP_IN_BACKWARD_IDLE_RUN = "h200_idle_gaps_compiled_step_in_backward.json"
+
+
+def h200_compiled_step_in_backward_idle() -> str:
+    """The compiled step-in-backward FP8 step profiled in a process of its own, beside the
+    compiled FP8 step of the committed idle-gaps run: where its idle time went, and how far its
+    step time moves between processes."""
+    from moe_tutorial.perf.idle_gaps import IdleGaps
+
+    name, base = "ours_te_ops_fp8_compiled_step_in_backward", "ours_te_ops_fp8_compiled"
+    run, reference = _load(STEP_IN_BACKWARD_IDLE_RUN), _load(IDLE_GAPS_RUN)
+    early, after = run["variants"][name], reference["variants"][base]
+    g, b = IdleGaps.from_dict(early["gaps"]), IdleGaps.from_dict(after["gaps"])
+    bench_run = _train_rows(_load(COMPILED_STEP_IN_BACKWARD_RUN))
+    between_processes = abs(early["median_ms"] - bench_run[name]["median_ms"])
+    between_variants = abs(bench_run[name]["median_ms"] - bench_run[base]["median_ms"])
+    busy = ("does not shrink" if g.busy_ms >= b.busy_ms else
+            f"shrinks by {b.busy_ms - g.busy_ms:.1f} ms")
+    spread = ("more" if between_processes > between_variants else "less")
+    fill = "do fill" if g.idle_ms < b.idle_ms else "do not fill"
+    return (
+        f"Profiled in a process of its own ({_link(STEP_IN_BACKWARD_IDLE_RUN)}), `{name}` "
+        f"ran {early['median_ms']:.1f} ms per step unprofiled, against "
+        f"{bench_run[name]['median_ms']:.1f} ms in the benchmark run above; the GPU was idle "
+        f"{g.idle_ms:.1f} ms per profiled step and busy {g.busy_ms:.1f}, against "
+        f"{b.idle_ms:.1f} and {b.busy_ms:.1f} for `{base}` ({_link(IDLE_GAPS_RUN)}, "
+        f"{after['median_ms']:.1f} ms unprofiled). The updates on the side stream {fill} the "
+        f"time the GPU waited for the host, yet the GPU's busy time {busy}, and the unprofiled "
+        f"step moves by {spread} between processes ({between_processes:.1f} ms) than between "
+        f"the two variants of one run ({between_variants:.1f} ms).")
+
+
+def _profile_ms(text: str, name: str) -> float:
+    """CUDA total of one row of torch.profiler's table, in ms."""
+    for line in text.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == name:
+            value = cells[8]  # Name, 5 CPU columns, Self CUDA, Self CUDA %, CUDA total, ...
+            scale = {"ms": 1.0, "us": 1e-3, "s": 1e3}[re.sub(r"[\d.]", "", value)]
+            return float(re.sub(r"[^\d.]", "", value)) * scale
+    raise ValueError(f"no profiler row {name!r}")
+
+
+def _printed_train_rows(text: str) -> dict[str, tuple[float, float]]:
+    """The training-step table bench printed (bench.TRAIN_HEADER's columns): variant ->
+    (ms/step, peak memory in GiB), the last printed row of each variant."""
+    rows = {}
+    for line in text.splitlines():
+        if re.match(r"^(hf|ours)_\S+\s+\d+\.\d+\s+[\d,]+\s+\d+\s+(bf16|fp8)\s", line):
+            cells = line.split()
+            rows[cells[0]] = (float(cells[1]), float(cells[-2]))
+    return rows
+
+
+def h200_profile() -> str:
+    """Where the time goes, from the profile bench printed into h200.txt (the JSON keeps no
+    profile), and the ratios without the optimizer step, all from that one run: the AdamW time
+    of its profile and the step times and peaks of its training table."""
+    report = _load("h200.json")
+    text = (RESULTS / "h200.txt").read_text()
+    variant, steps = re.search(r"^profile of (\S+), (\d+) steps$", text, re.M).groups()
+    per_step = lambda *names: sum(_profile_ms(text, n) for n in names) / int(steps)  # noqa: E731
+    adamw = per_step("Optimizer.step#AdamW.step")
+    mlp = per_step("_OperationFuserAutogradFunction", "_OperationFuserAutogradFunctionBackward")
+    train = _printed_train_rows(text)
+    ours = train[variant][0] - adamw
+    config, _ = _train_config(report)
+    hf_memory = train["hf_grouped_mm"][1]
+    ratio = lambda name: (train[name][0] - adamw) / ours  # noqa: E731
+    memory = lambda name: train[name][1] / hf_memory  # noqa: E731
+    return (
+        f"Where the time goes (torch.profiler over {steps} steps of `{variant}`, in "
+        f"{_link('h200.txt')}): the te.ops expert MLPs take {mlp:.1f} ms per step (forward + "
+        f"backward), **the AdamW step {adamw:.1f} ms** — bandwidth-bound: "
+        f"{config.parameter_counts()['total'] / 1e9:.1f} B bf16 parameters with bf16 moments. "
+        f"Every step of the ladder runs the same fused AdamW over the same parameters, so the "
+        f"optimizer caps "
+        f"the ratios: with the profiled {adamw:.1f} ms taken off every step of the same run's "
+        f"training table, our forward + backward is {ratio('hf_eager'):.2f}× HF eager's and "
+        f"{ratio('hf_grouped_mm_compiled'):.2f}× the compiled model's. Peak memory against HF "
+        f"grouped_mm's in that table: the bf16 te.ops step {memory('ours_te_ops_bf16'):.2f}×, the FP8 one "
+        f"{memory('ours_te_ops_fp8'):.2f}× — it keeps FP8 copies of the expert weights for the "
+        f"backward pass and FP8 copies of gradients during it.")
+
+
+# The training-step history: each change and the result file measured right after it, oldest
+# first (the first full run's file was overwritten: it is in git history only, at 5cbb447).
+HISTORY = [
+    ("h200_fused_norm_loss.json",
+     "RMSNorm as one kernel (`F.rms_norm`), the loss's gradient computed in the forward pass"),
+    ("h200_cudnn_attention_rope.json",
+     "cuDNN attention, TE fused RoPE, q/k/v as one FP8 `te.Linear`, `log_softmax` in the loss"),
+    ("h200_mfu_peaks.json",
+     "the same step re-measured with the MFU peaks of both precisions (no step change)"),
+    ("h200.json", "the ladder re-measured, then the loss and AdamW compiled by `torch.compile` "
+                  "after it (`*_compiled` rows; the FP8 column is still the ladder's step, the "
+                  "ratio the run's best step)"),
+]
+
+
+def h200_history() -> str:
+    rows = []
+    for name, change in HISTORY:
+        report = _load(name)
+        rows.append([change, f"{_train_rows(report)['ours_te_ops_fp8']['median_ms']:.1f}",
+                     f"{report['summary']['train_step_speedup_vs_hf_eager']:.2f}×", _link(name)])
+    return _table(["change", "te.ops FP8 ms/step", "vs HF eager, same run", "result file"],
+                  ["---", "---:", "---:", "---"], rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two H200s: expert vs data parallelism (h200x2.json) and the matrix driver's run
+
+def _layout(summary_row: dict) -> str:
+    if summary_row["gpus"] == 1:
+        return "1 GPU"
+    return " × ".join(summary_row["layout"].split("/"))
+
+
+def _nccl(summary_row: dict) -> str:
+    """'all-to-all / all-reduce' ms per step, '–' for a collective the layout does not run."""
+    if summary_row["gpus"] == 1:
+        return "–"
+    times = (summary_row["nccl_alltoall_ms_per_step_max_rank"],
+             summary_row["nccl_allreduce_ms_per_step_max_rank"])
+    return " / ".join(f"{t:.1f}" if t else "–" for t in times)
+
+
+def h200x2_ep() -> str:
+    from moe_tutorial.moe.config import preset
+    from moe_tutorial.parallel.distributed import communication_per_step
+
+    report = _load("h200x2.json")
+    env, summary = report["environment"], report["summary"]
+    rank = report["runs"][0]["ranks"][0]
+    iters = re.search(r"--iters (\d+)", report["runs"][0]["command"])[1]
+    order = sorted(summary, key=lambda r: r["precision"] != "bf16")  # stable: bf16 rows first
+    rows = [[_layout(r), "FP8" if r["precision"] == "fp8" else r["precision"],
+             f"{r['median_ms']:.1f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+             f"{r['pflops_per_gpu']:.3f}", f"{r['scaling_efficiency_vs_1_gpu']:.2f}",
+             f"{r['peak_memory_gb']:.1f}", _nccl(r)] for r in order]
+    ep = [r for r in summary if r["layout"] == "dp1/ep2"]
+    dp = [r for r in summary if r["layout"] == "dp2/ep1"]
+    one = [r for r in summary if r["gpus"] == 1]
+    tokens = rank["batch_per_gpu"] * rank["seq_len"]
+    gradients = communication_per_step(preset(rank["preset"]), tokens, 2, 1)["allreduce_bytes"]
+    one_fp8 = next(r["median_ms"] for r in one if r["precision"] == "fp8")
+    single_fp8 = _printed_train_rows((RESULTS / "h200.txt").read_text())["ours_te_ops_fp8"][0]
+    return (
+        f"On {env['machine']}, torch {env['torch']}, TE {env['transformer_engine']} "
+        f"({env['date']}): `{rank['preset']}` with the `{rank['backend']}` experts, batch "
+        f"{rank['batch_per_gpu']} × {rank['seq_len']} tokens per GPU, median of {iters} steps; the "
+        f"1-GPU row is the same script with one process, and \"vs 1 process\" divides by it. "
+        f"Results: {_link('h200x2.json')}.\n\n"
+        + _table(["layout", "precision", "ms/step", "tokens/s per GPU", "PFLOP/s per GPU",
+                  "vs 1 process", "peak GiB per GPU", "NCCL all-to-all / all-reduce ms per step"],
+                 ["---", "---", "---:", "---:", "---:", "---:", "---:", "---"], rows) + "\n\n"
+        f"- EP halves each GPU's expert weights, gradients and optimizer state: "
+        f"{_span([r['peak_memory_gb'] for r in ep], '.1f')} GiB per GPU under dp1 × ep2 against "
+        f"{_span([r['peak_memory_gb'] for r in one], '.1f')} on one GPU; it exchanges only the "
+        f"routed tokens (the all-to-all kernels, waiting for the peer included, take "
+        f"{_span([r['nccl_alltoall_ms_per_step_max_rank'] / r['median_ms'] for r in ep], '.1%')} "
+        f"of the step on the slower rank).\n"
+        f"- DP keeps all weights on every GPU and all-reduces {gradients / 1e9:.1f} GB of bf16 "
+        f"gradients per step ({_span([r['nccl_allreduce_ms_per_step_max_rank'] for r in dp], '.1f')} "
+        f"ms, not yet overlapped with the backward pass), hence "
+        f"{_span([r['scaling_efficiency_vs_1_gpu'] for r in dp], '.2f')} of the one-process rate.\n"
+        f"- The one-process rows are this distributed script (it still flattens and copies the "
+        f"gradients for `average_gradients`): {one_fp8:.1f} ms per FP8 step. The course's "
+        f"non-distributed step of the same model and batch took {single_fp8:.1f} ms in "
+        f"{_link('h200.txt')}'s run of another day, so the ratios above say what the second "
+        f"GPU does to this script, not how two GPUs compare with the fastest one-GPU step.")
+
+
+def _matrix_config(model: dict):
+    """The 8-layer model of the 2-GPU matrix run: `mixtral-7l`'s widths with 8 layers (the
+    preset had 8 then; that run is why it has 7), checked against the parameters recorded."""
+    from moe_tutorial.moe.config import preset
+
+    config = preset("mixtral-7l", num_layers=model["layers"])
+    if config.parameter_counts()["total"] != model["total_params"]:
+        raise ValueError(f"{model['preset']} is not mixtral-7l with {model['layers']} layers")
+    return config
+
+
+def h200x2_matrix() -> str:
+    """The matrix driver's own table (matrix.markdown_table) of its 2-GPU run, without its
+    line of expert paths (long and cut mid-word; the JSON has them), and what the memory
+    prediction says of its largest rows."""
+    from dataclasses import replace
+
+    from benchmarks.matrix import Run, Settings, markdown_table, predicted_peak_gib
+    from moe_tutorial.perf.timing import datasheet_tflops
+
+    name = "h200x2_matrix_mixtral-8l.json"
+    report = _load(name)
+    gpu = report["environment"]["gpu"]
+    table = "\n".join(line for line in markdown_table(report).splitlines()
+                      if not line.startswith("Experts ("))
+    rows = {(r["layout"], r["precision"]): r for r in report["rows"]}
+    bf16, fp8 = rows[("dp2×ep1", "bf16")], rows[("dp2×ep1", "fp8")]
+    config = _matrix_config(report["model"])
+    settings = Settings.from_report(report)
+    # These runs predate FSDP2 as train_dist's engine: replicated weights, all-reduced gradients.
+    run = Run("ours", 2, 1, "bf16", report["settings"]["backend"], "replicated")
+    hf_ran = any(r["model"] == "hf" for r in report["rows"])
+    return (
+        f"From {_link(name)}:\n\n{table}\n\n"
+        f"MFU: PFLOP/s per GPU over the datasheet dense peak of the row's precision (bf16 "
+        f"{datasheet_tflops(gpu, 'bf16'):g}, FP8 {datasheet_tflops(gpu, 'fp8'):g} TFLOP/s per "
+        f"GPU). These rows ran with replicated weights and a hand-written gradient all-reduce "
+        f"(now `--engine replicated`). dp2×ep1 bf16 peaked at {bf16['peak_memory_gb']:.1f} GiB "
+        f"per GPU against {predicted_peak_gib(config, run, settings):.1f} GiB predicted "
+        f"(`memory.predict`: weights, gradients, AdamW moments, the all-reduce buffer, "
+        f"activations); dp2×ep1 FP8 ({fp8['status']}) is predicted at "
+        f"{predicted_peak_gib(config, replace(run, precision='fp8'), settings):.1f} GiB: TE's "
+        f"FP8 weight copies are freed layer by layer in the backward pass, before the "
+        f"all-reduce, so memory does not explain that timeout."
+        + ("" if hf_ran else " The HF row was not reached (the file ends incomplete)."))
+
+
+def h200_fsdp2_world1() -> str:
+    """The one-GPU check of FSDP2: the deepest Mixtral-width model `memory.predict` fits on one
+    H200, its step through FSDP2 at world size 1 against the non-distributed step, each peak
+    next to its prediction; and the same FSDP2 step before the experts were left out of it."""
+    from moe_tutorial.moe.config import preset
+    from moe_tutorial.perf import memory
+
+    data = _load("h200_fsdp2_world1.json")
+    fsdp2, single = data["fsdp2"]["results"][0], data["single"]["results"][0]
+    before = data["before"]["fsdp2"]["results"][0]
+    before_single = data["before"]["single"]["results"][0]
+    env = fsdp2["environment"]
+    config = preset(fsdp2["preset"], layers=_layers(data["fsdp2"]["command"]))
+
+    ten = data["ten_layers"]
+    ten_fsdp2, ten_single = ten["fsdp2"]["results"][0], ten["single"]["results"][0]
+
+    def single_row(layers, r):
+        config = preset(r.get("preset", fsdp2["preset"]), layers=layers)
+        predicted = memory.gib(memory.predict(config, batch=r["batch"], seq_len=r["seq_len"],
+                                              engine="single", backend=fsdp2["backend"]).peak)
+        return [f"non-distributed (`bench`, `{r['variant']}`)", str(layers),
+                f"{r['median_ms']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                f"{r['peak_memory_gb']:.1f}", f"{predicted:.1f}",
+                f"{predicted / r['peak_memory_gb'] - 1:+.1%}"]
+
+    def fsdp2_row(name, layers, r):
+        return [name, str(layers), f"{r['median_ms']:.1f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+                f"{r['peak_memory_gb']:.1f}", f"{r['predicted_peak_gb']:.1f}",
+                f"{r['memory_prediction_error']:+.1%}"]
+    ten_layers = _layers(ten["fsdp2"]["command"])
+    rows = [single_row(config.num_layers, single),
+            fsdp2_row("FSDP2, world size 1 (`train_dist`)", config.num_layers, fsdp2),
+            single_row(ten_layers, ten_single),
+            fsdp2_row("FSDP2, world size 1", ten_layers, ten_fsdp2),
+            fsdp2_row("FSDP2, world size 1, experts under FSDP2 too (before; an earlier "
+                      "run, its prediction then)", _layers(data["before"]["fsdp2"]["command"]),
+                      before)]
+    total = env["gpu_total_memory_bytes"]
+    deepest = _deepest_fitting(fsdp2, total)
+    diagnosis = data["before"]["diagnosis"]
+    under = diagnosis["experts_under_fsdp2"]
+    steps = 8  # the diagnosis counted over 8 timed steps (its `recorded_by`)
+    allocs = under["per_8_timed_steps"]
+    cpu = under["cpu_self_ms_per_step"]
+    return (
+        f"`memory.predict` puts the deepest Mixtral-width model that one {env['gpu']} "
+        f"({total / 2**30:.1f} GiB as torch reports it, less the "
+        f"{round(100 * memory.RESERVE_FRACTION)}% it keeps back) holds under FSDP2 at "
+        f"{deepest} layers ({fsdp2['batch_per_gpu']} × {fsdp2['seq_len']} tokens, bf16)"
+        + ("" if deepest == config.num_layers else
+           f"; the runs below are at {config.num_layers} layers, made before the prediction "
+           f"changed")
+        + ". The same model through the non-distributed step and through FSDP2 at world size "
+        "1:\n\n"
+        f"`{fsdp2['preset']}` at {config.num_layers} layers ({config.parameter_counts()['total'] / 1e9:.1f} B "
+        f"parameters), `{fsdp2['backend']}` experts, bf16 weights and AdamW state, "
+        f"{fsdp2['batch_per_gpu']} × {fsdp2['seq_len']} tokens; {env['gpu']}, "
+        f"torch {env['torch']}, TE {env['transformer_engine']}, {env['date']}; "
+        f"{_link('h200_fsdp2_world1.json')}. Both ran in one GPU call (`{data['single']['command']}`; "
+        f"`{data['fsdp2']['command']}`), and so did the pair at {ten_layers} layers.\n\n"
+        + _table(["step", "layers", "ms/step", "tokens/s", "peak GiB", "predicted GiB",
+                  "prediction error"], ["---", "---:", "---:", "---:", "---:", "---:", "---:"], rows)
+        + f"\n\nFSDP2 at world size 1 took {fsdp2['median_ms'] / single['median_ms']:.3f}× the "
+        f"non-distributed step's time at {config.num_layers} layers (medians of "
+        f"{fsdp2['median_ms']:.1f} and {single['median_ms']:.1f} ms) and "
+        f"{ten_fsdp2['median_ms'] / ten_single['median_ms']:.3f}× at {ten_layers} (the 10-layer "
+        f"pair ran in an earlier call of the same day), and the caching allocator never had to "
+        f"retry (`allocator_retries` {fsdp2['allocator_retries']} and "
+        f"{ten_fsdp2['allocator_retries']}).\n\n"
+        f"It used to take {before['median_ms'] / before_single['median_ms']:.2f}× at "
+        f"{_layers(data['before']['fsdp2']['command'])} layers (the last row, "
+        f"against that call's non-distributed {before_single['median_ms']:.1f} ms). With "
+        f"one rank nothing is sharded, yet FSDP2 copied every layer's weights into unsharded "
+        f"parameters before its forward and backward passes, and every gradient on its way to "
+        f"its shard (torch 2.13's world-size-1 paths in `fsdp/_fully_shard/"
+        f"_fsdp_param_group.py` and `_fsdp_collectives.py`). Most of those weights are the "
+        f"experts', and their buffers came on top of a step that already filled "
+        f"{diagnosis['non_distributed']['peak_gib']:.0f} of the GPU's GiB. A diagnostic run "
+        f"(the same model, step and optimizer, by a script outside the package; "
+        f"`before.diagnosis` in the JSON says how) counted "
+        f"{allocs['num_alloc_retries'] / steps:.0f} allocator retries and "
+        f"{allocs['num_device_alloc'] / steps:.0f} `cudaMalloc` + "
+        f"{allocs['num_device_free'] / steps:.0f} `cudaFree` calls per step, "
+        f"{cpu['cudaMalloc'] + cpu['cudaFree']:.0f} ms of CPU time in them (a `cudaFree` waits for "
+        f"the GPU to finish everything queued), against none in the non-distributed step. "
+        f"That is the idle time in the profile below. With dp = 1 each ep shard of the experts "
+        f"lives on one rank anyway, so `fully_shard_layout` now leaves the experts out of FSDP2 "
+        f"when no mixed-precision cast needs it (`distributed.experts_outside_fsdp`); FSDP2 "
+        f"shards the dense weights only, and the experts' gradients get FSDP2's 1/world factor "
+        f"from a hook.\n\n" + _fsdp2_world1_profiles(data))
+
+
+def _deepest_fitting(run: dict, gpu_bytes: int) -> int:
+    """The most layers of `run`'s preset whose FSDP2 world-1 step `memory.predict` fits in
+    `gpu_bytes` (with `memory.fits`'s reserve), at the run's batch and backend."""
+    from moe_tutorial.moe.config import preset
+    from moe_tutorial.perf import memory
+
+    def fits(layers: int) -> bool:
+        config = preset(run["preset"], layers=layers)
+        return memory.fits(memory.predict(config, batch=run["batch_per_gpu"],
+                                          seq_len=run["seq_len"], engine="fsdp2",
+                                          backend=run["backend"]), gpu_bytes)
+    layers = 1
+    while fits(layers + 1):
+        layers += 1
+    return layers
+
+
+def _fsdp2_world1_profiles(data: dict) -> str:
+    """The steps profiled per part (kernel time), side by side."""
+    columns = {"non-distributed": data["profiles"]["single"]["step_breakdown"],
+               "FSDP2, experts under FSDP2 (before)": data["before"]["profile"]["step_breakdown"],
+               "FSDP2 now": data["ten_layers"]["fsdp2"]["results"][0]["step_breakdown"]}
+    parts = list(columns["non-distributed"]["part_ms"])
+    rows = [[part] + [f"{c['part_ms'][part]:.1f}" for c in columns.values()] for part in parts]
+    rows.append(["**whole step (profiled)**"]
+                + [f"**{c['total_ms']:.1f}**" for c in columns.values()])
+    return ("Where the time goes at 10 layers, each step profiled (`torch.profiler`, kernel "
+            "time per part of `step_profile.PARTS`, ms per step): FSDP2 now by its 10-layer "
+            "run's `--breakdown`; before, "
+            f"by `{data['before']['profile']['command']}`; the non-distributed step in an "
+            f"earlier call, as `{data['profiles']['single']['command']}` (its chapter "
+            f"{data['profiles']['single']['chapter']}):\n\n"
+            + _table(["part", *columns], ["---", "---:", "---:", "---:"], rows))
+
+
+def _layers(command: str) -> int:
+    """The `--layers N` of a recorded command (its result rows record the preset, not the
+    depth)."""
+    return int(re.search(r"--layers (\d+)", command)[1])
+
+
+def _choice(item: dict) -> str:
+    """A recommendation's choice; None where nothing qualifies (no layout of the GPUs fits)."""
+    return "none fits" if item["choice"] is None else str(item["choice"])
+
+
+def h200_analyze() -> str:
+    """`analyze MODEL --json` on the H200, with its measured sweep: per model, the sweep's rule
+    and the recommendation for that GPU."""
+    lines, newer = [], []
+    for path in sorted((RESULTS / "h200_analyze").glob("*.json")):
+        report = _load(f"h200_analyze/{path.name}")
+        env, rec = report["environment"], report["recommendation"]
+        sweep = rec["sweep"]
+        if not sweep["ran"]:
+            raise ValueError(f"{path}: no sweep ran; commit an analyze run made on a GPU")
+        (machine, chosen), = rec["machines"].items()
+        picks = ", ".join(f"{item['item']} {_choice(item)}" for item in chosen)
+        lines.append(f"- `{report['model']['name']}` on {machine} ({env['date']}; torch "
+                     f"{env['torch']}, TE {env['transformer_engine']}; {len(sweep['rows'])} "
+                     f"timed runs; [`{path.name}`]({RESULTS_LINK}/h200_analyze/{path.name})): "
+                     f"{sweep['rule']} Recommended: {picks}.")
+        if _now_default_path(report, chosen):
+            newer.append(f"`{report['model']['name']}`")
+    if newer:
+        lines.append(f"\nThese runs predate the `te_permute_grouped_mm` backend; `analyze` now "
+                     f"recommends it instead of TE's grouped layers where the experts train in "
+                     f"bf16 on a Hopper and have at most `experts.SMALL_EXPERT_ELEMENTS` weights "
+                     f"per projection (`experts.default_backend`, from h200.json's expert rows): "
+                     f"{', '.join(newer)}.")
+    return "\n".join(lines)
+
+
+def _now_default_path(report: dict, chosen: list[dict]) -> bool:
+    """Whether today's `analyze` would swap this recorded bf16 recommendation (made on an H200)
+    for the course's default small-expert path (`analyze.bf16_default_path`)."""
+    from moe_tutorial.perf.analyze import bf16_default_path
+
+    picks = {item["item"]: item["choice"] for item in chosen}
+    config = report["model"]["config"]
+    return picks["recipe"] == "bf16" and bf16_default_path(
+        config["hidden_size"], config["intermediate_size"], picks["backend"]) is not None
+
+
+# The GPU the Mixtral-8x7B memory table is for: an H200, as config.py's H200 arithmetic assumes.
+H200_GIB = 140
+
+
+def mixtral_8x7b_memory() -> str:
+    """`memory.mixtral_8x7b_table` for 8 H200s in bf16 and FP8 (computed, not measured), as
+    markdown, with the commands that would run its FSDP2 rows."""
+    from moe_tutorial.perf import memory
+
+    lines = []
+    for precision in ("bf16", "fp8"):
+        rows, _ = memory.mixtral_8x7b_table(H200_GIB * 2**30, precision=precision)
+        settings = rows[0]["settings"]
+        recipe = f" ({settings['recipe']})" if settings.get("recipe") else ""
+        lines += [f"**{precision}{recipe}**, {settings['batch']} × {settings['seq_len']} tokens "
+                  f"per GPU, `{settings['backend']}` experts:", "",
+                  "| layout | state dtype | weights + grads + AdamW | FP8 weight copies "
+                  "| gathered weights + grad buffers | activations + logits | peak GiB (moment) "
+                  "| fits | why |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
+        for r in rows:
+            gib = memory.gib
+            lines.append(
+                f"| {r['layout']} | {r['state_dtype']} "
+                f"| {gib(r['parameters'] + r['gradients'] + r['optimizer_state']):.1f} "
+                f"| {gib(r['fp8_weight_copies']):.1f} "
+                f"| {gib(r['gathered_parameters'] + r['gradient_buffers']):.1f} "
+                f"| {gib(r['activations'] + r['logits']):.1f} "
+                f"| {gib(r['peak_bytes']):.1f} ({r['peak_phase']}) "
+                f"| {'yes' if r['fits'] else '**no**'} | {r['why']} |")
+        lines.append("")
+    reserve = round(100 * memory.RESERVE_FRACTION)
+    checkpointed = memory.predict(memory.preset("mixtral-8x7b"), batch=1, seq_len=4096, dp=8,
+                                  ep=1, engine="fsdp2", precision="fp8",
+                                  backend=memory.TABLE_BACKEND, state_dtype="float32",
+                                  activation_checkpointing=True)
+    lines.append(
+        f"FSDP2 dp8 × ep1 in FP8 with activation checkpointing: "
+        f"{memory.gib(checkpointed.peak):.1f} GiB ({checkpointed.peak_phase}).")
+    lines.append(
+        f"GPUs of {H200_GIB} GiB with {reserve}% kept for the CUDA context, NCCL and "
+        f"fragmentation. To run the FSDP2 rows on 8 GPUs: `torchrun --nproc_per_node=8 -m "
+        f"moe_tutorial.perf.train_dist --mode bench --preset mixtral-8x7b --dp 8 --ep 1 "
+        f"--state-dtype float32 --batch 1 --seq-len 4096 --backend te_ops` (`--dp 4 --ep 2` for "
+        f"dp4 × ep2; `--precision fp8 --activation-checkpointing` for FP8 at dp8).")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Published figures (published_recipe.json): quoted, not measured here
+
+def published_recipe() -> str:
+    """The recipe's like-for-like HF comparison and its MXFP8 headline, each with its source
+    file, machine, layout and sequence length (the headline is not a speedup over HF)."""
+    data = _load("published_recipe.json")
+    like, headline = data["comparisons"]["hf_like_for_like"], data["comparisons"]["mxfp8_headline"]
+    base = like["tokens_per_s_per_gpu"][like["baseline"]]
+    chain = " → ".join(f"{name} {value:,.0f}" + ("" if value == base else f" ({value / base:.2f}×)")
+                       for name, value in like["tokens_per_s_per_gpu"].items())
+    te = ", ".join(f"{name} {value:,.0f}" for name, value in headline["tokens_per_s_per_gpu"].items())
+    hf = headline["hf_row"]
+    source = f"`{data['repository']}`"
+    return (
+        f"- Like for like with HF, {like['gpus']}, {like['layout']}, seq {like['seq_len']} "
+        f"({source}, `{like['source_file']}`: {like['source_detail']}): {chain} tokens/s/GPU.\n"
+        f"- The headline \"up to {headline['published_speedup']:g}×\" is "
+        f"{headline['published_speedup_of']}: {headline['gpus']}, {headline['layout']}, seq "
+        f"{headline['seq_len']} ({source}, `{headline['source_file']}`): {te} tokens/s/GPU. "
+        f"The same file's HF row ({hf['tokens_per_s_per_gpu']:,} tokens/s/GPU) is "
+        f"{hf['layout']}, {hf['batch']}, {hf['setup']} (`{hf['source_script']}`); its last loss, "
+        f"{hf['last_loss']:g} against the TE rows' {hf['te_rows_last_loss']:g}, says the TE rows did "
+        f"not start from that checkpoint. TE/HF in that file compares different setups.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The small protein MoE on a CPU: `python -m moe_tutorial train --json` (cpu_train_small.json)
+
+def cpu_train() -> str:
+    """What `train` printed, from its --json history: the evaluation rows, then the loss on all
+    validation tokens against the unigram baseline, with the machine and versions."""
+    run = _load("cpu_train_small.json")
+    env, settings = run["environment"], run["settings"]
+    rows = [["0", "", f"{run['val_loss_start']:.3f}", "", ""]]
+    rows += [[str(r["step"]), f"{r['loss']:.3f}", f"{r['val_loss']:.3f}",
+              f"{r['tokens_per_s']:,.0f}", f"{r['elapsed_s'] / 60:.2f}"]
+             for r in run["history"] if "val_loss" in r]
+    last = run["history"][-1]
+    table = _table(["step", "train loss", "validation loss (8 batches)", "tokens/s", "minutes"],
+                   ["---:"] * 5, rows)
+    return (
+        f"{table}\n\nOn all validation tokens the loss goes from **{run['val_loss_start']:.3f} to "
+        f"{run['val_loss_final']:.3f} nats**, against a unigram baseline of "
+        f"**{run['unigram_nats']:.3f} nats** ({run['val_loss_final'] - run['unigram_nats']:+.3f}): "
+        f"{settings['steps']} steps of batch {settings['batch_size']}, "
+        f"{last['elapsed_s'] / 60:.1f} minutes. Measured with `{settings['backend']}` experts on "
+        f"{env['cpu_threads']} CPU threads, Python {env['python']}, torch {env['torch']}, seed "
+        f"{settings['seed']}, {env['date']}: {_link('cpu_train_small.json')}.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The chapters: what each teaches, its reading time, its measured run time (README)
+
+# One sentence per chapter notebook: what the learner takes away.
+CHAPTER_LESSONS = {
+    "00_setup": "What your machine runs (and why), the course's two modes, and the protein "
+                "data every chapter trains on.",
+    "01_naive_moe": "A Mixture-of-Experts layer from scratch: the router, the per-expert loop "
+                    "that HF's eager experts run, the load-balancing loss, a first training run.",
+    "02_grouped_linear": "Tokens sorted by expert and every expert run as one grouped GEMM "
+                         "(`torch._grouped_mm`, TE `GroupedLinear`), checked equal to the loop.",
+    "03_fp8_numerics": "FP8 and MXFP8 from first principles: the formats, block scales, and the "
+                       "error they add to real activations, weights and gradients.",
+    "04_fp8_training": "Which TE recipe your GPU trains with, the rows per expert it needs, and "
+                       "training under `te.autocast`.",
+    "05_fused_grouped_mlp": "The expert MLP as one `te.ops.Sequential` chain, the routing "
+                            "weights inside its activation, and when TE fuses it.",
+    "06_end_to_end": "The whole model from HF eager to the course's fastest step: time, MFU, "
+                     "memory and loss on protein data.",
+    "07_expert_parallel": "Expert parallelism: tokens exchanged all-to-all between processes, "
+                          "and what each GPU holds under data vs expert parallelism.",
+    "08_your_model": "Your own MoE (Qwen3-MoE, OLMoE, DeepSeek-V3 or your config.json): "
+                     "analysed, converted from transformers, trained.",
+}
+# Reading speeds behind `reading_minutes`: prose at a careful technical pace, code slower, a
+# line read and understood at a time.
+PROSE_WORDS_PER_MINUTE = 200
+CODE_LINES_PER_MINUTE = 10
+COURSE_RUN = "cpu_course_small.json"  # the run the README's chapter table quotes
+_WORD = re.compile(r"[^\W_][\w'’.-]*")
+
+
+def chapter_notebooks() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+def reading_minutes(notebook: Path) -> int:
+    """Minutes to read a chapter: its markdown's words at `PROSE_WORDS_PER_MINUTE` plus its code
+    lines (neither blank nor only a comment) at `CODE_LINES_PER_MINUTE`, rounded up to 5
+    minutes (an estimate, and a rounding that small edits do not move)."""
+    words = lines = 0
+    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            words += len(_WORD.findall(source))
+        elif cell["cell_type"] == "code":
+            lines += sum(1 for line in source.splitlines()
+                         if line.strip() and not line.strip().startswith("#"))
+    minutes = words / PROSE_WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE
+    return 5 * max(1, math.ceil(minutes / 5))
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s"
+
+
+def _hours(minutes: int) -> str:
+    hours, rest = divmod(minutes, 60)
+    return f"{hours} h {rest:02d} min" if hours else f"{rest} min"
+
+
+def chapter_times() -> str:
+    """The README's chapter table: what each chapter teaches, its reading time and its run time
+    in the committed headless run, then the totals and where they come from."""
+    run = _load(COURSE_RUN)
+    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    rows, reading = [], 0
+    for notebook in chapter_notebooks():
+        name = notebook.stem
+        if name not in CHAPTER_LESSONS:
+            raise DocsError(f"chapter {name} has no sentence in docs.CHAPTER_LESSONS: add what "
+                            "it teaches there")
+        minutes = reading_minutes(notebook)
+        reading += minutes
+        ran = _duration(seconds[name]) if name in seconds else "not measured yet"
+        rows.append([f"[{name}](notebooks/{notebook.name})", CHAPTER_LESSONS[name],
+                     f"{minutes} min", ran])
+    env = run["environment"]
+    total = sum(seconds.get(n.stem, 0.0) for n in chapter_notebooks())
+    unmeasured = any(n.stem not in seconds for n in chapter_notebooks())
+    rows.append(["**in all**", "each chapter's exercise comes on top", f"**{_hours(reading)}**",
+                 f"**{_duration(total)}**" + (" and the chapters not measured" * unmeasured)])
+    note = f" {run['note']}" if run.get("note") else ""
+    return (_table(["chapter", "you learn", "reading", f"run ({run['mode']} mode)"],
+                   ["---", "---", "---:", "---:"], rows)
+            + f"\n\nReading time is estimated from each chapter's prose and code "
+            f"([how](docs/course.md#run-times)). Each run time was measured by "
+            f"`python -m moe_tutorial run` (what `make course` runs) in {run['mode']} mode on "
+            f"{env['cpu_count']} CPU cores ({env['cpu_model']}, torch {env['torch']}, "
+            f"{env['date'][:10]}): {_link(COURSE_RUN)}{_shared(run, env)}.{note}")
+
+
+def _shared(run: dict, env: dict) -> str:
+    """A note when other work shared the machine during the run: its times are then longer
+    than the machine alone would take."""
+    load = run.get("load_average_15min_at_recording")
+    if load is None or load <= env["cpu_count"]:
+        return ""
+    return (f"; other work shared the machine (load average {load:.1f} on {env['cpu_count']} "
+            f"cores over the run's last 15 minutes), so a machine of its own runs faster")
+
+
+def record_course_run(*run_dirs: str | Path, replace: bool = False, note: str | None = None) -> Path:
+    """Write the run times of a headless course run (`python -m moe_tutorial run --out
+    RUN_DIR`) into `benchmarks/results/`, with this machine's hardware and versions: call it on
+    the machine that ran, right after the run. A course run in parts (`run --notebooks ...`
+    into several folders) is recorded from all of them, each notebook once. Each time is
+    papermill's duration of the executed notebook (kernel start included). `note` says anything
+    a reader of the numbers should know. Returns the file written."""
+    from moe_tutorial.perf.timing import environment
+
+    runs, modes = {}, set()
+    for run_dir in map(Path, run_dirs):
+        executed = sorted(run_dir.glob("[0-9][0-9]_*.ipynb"))
+        if not executed:
+            raise DocsError(f"{run_dir}: no executed notebooks (NN_*.ipynb) there; give the --out "
+                            "folder of a `python -m moe_tutorial run`")
+        for path in executed:
+            meta = json.loads(path.read_text(encoding="utf-8"))["metadata"].get("papermill") or {}
+            if meta.get("duration") is None or meta.get("exception"):
+                raise DocsError(f"{path}: this notebook did not run to its end; record runs in "
+                                "which every notebook passed")
+            if path.stem in runs:
+                raise DocsError(f"{path}: {path.stem} is in two of the folders; give each "
+                                "notebook's run once")
+            modes.add(meta.get("parameters", {}).get("MODE"))
+            runs[path.stem] = {"notebook": path.stem, "seconds": round(meta["duration"], 1),
+                               "started": meta["start_time"]}
+    if len(modes) != 1 or None in modes:
+        raise DocsError(f"{', '.join(map(str, run_dirs))}: the notebooks ran in modes "
+                        f"{sorted(map(str, modes))}; record runs of one mode")
+    mode = modes.pop()
+    env = environment()
+    env.update(cpu_count=os.cpu_count(), cpu_model=_cpu_model())
+    machine = "cpu" if env["gpu"] is None else env["gpu"].split()[-1].lower()
+    out = RESULTS / f"{machine}_course_{mode}.json"
+    if out.exists() and not replace:
+        raise DocsError(f"{out} exists; pass --replace to write this run over it")
+    ordered = [runs[name] for name in sorted(runs)]
+    record = {
+        "what": f"python -m moe_tutorial run --mode {mode}: each notebook's run time, "
+                "papermill's duration of the executed notebook (kernel start included)",
+        "mode": mode, "environment": env, "commit": _commit(),
+        "load_average_15min_at_recording": round(os.getloadavg()[2], 2),
+        **({"note": note} if note else {}),
+        "runs": ordered, "total_s": round(sum(r["seconds"] for r in ordered), 1)}
+    out.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return out
+
+
+def _cpu_model() -> str | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return found[1].strip() if found else None
+
+
+def _commit() -> str | None:
+    """The checkout's commit, '+ changes' when its tracked files differ from it."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        head = git("rev-parse", "--short=12", "HEAD")
+        return head + (" + changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's headline chart: the training-step ladder on one H200 (docs/train-step-ladder.svg)
+
+_SVG_FONT = "font-family=\"Helvetica, Arial, sans-serif\""
+
+
+def train_step_chart() -> str:
+    """An SVG bar chart of every training-step variant in `h200.json`, slowest first: ms per
+    step, the speedup over HF eager, and each step's speed-of-light floor (its precision's)."""
+    from moe_tutorial.perf.bench import VARIANTS, row_precision, step_floor_ms
+
+    report = _load("h200.json")
+    env = report["environment"]
+    rows = sorted((r for r in _train_rows(report).values() if r.get("status") == "ok"),
+                  key=lambda r: -r["median_ms"])
+    eager = _train_rows(report)["hf_eager"]["median_ms"]
+    best = report["summary"]["train_step_best_variant"]
+    label_w, bar_w, row_h, top, left = 400, 330, 26, 80, 12
+    width, height = left + label_w + bar_w + 120, top + row_h * len(rows) + 80
+    scale = bar_w / max(r["median_ms"] for r in rows)
+    config, first = _train_config(report)
+    dates = sorted({part["date"][:10] for part in report.get("parts") or [env]})
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" {_SVG_FONT} font-size="13">',
+           f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+           f'<text x="{left}" y="24" font-size="16" font-weight="bold">'
+           + escape(f"One training step of mixtral-2l ({config.num_layers} layers at Mixtral-8x7B "
+                    f"widths, batch {first['batch']} × {first['seq_len']}): ms per step, shorter "
+                    f"is faster") + "</text>",
+           f'<text x="{left}" y="44" fill="#444444">'
+           + escape(f"One {env['gpu']}, CUDA {env['cuda']}, torch {env['torch']}, Transformer "
+                    f"Engine {env['transformer_engine']}, transformers {env['transformers']}")
+           + "</text>",
+           f'<text x="{left}" y="62" fill="#444444">'
+           + escape(f"Medians of the timed steps, run on {' and '.join(dates)}: "
+                    "benchmarks/results/h200.json") + "</text>"]
+    for i, r in enumerate(rows):
+        y = top + i * row_h
+        variant = VARIANTS.get(r["variant"])
+        hf = variant is not None and variant.hf
+        fp8 = row_precision(r) == "fp8"
+        color = "#9e9e9e" if hf else ("#3f7d00" if fp8 else "#76b900")
+        weight = ' font-weight="bold"' if r["variant"] == best else ""
+        label = _train_label(r["variant"]).replace("`", "") + (", FP8" if fp8 else ", bf16")
+        length = r["median_ms"] * scale
+        out.append(f'<text x="{left + label_w - 8}" y="{y + 17}" text-anchor="end"{weight}>'
+                   f"{escape(label)}</text>")
+        out.append(f'<rect x="{left + label_w}" y="{y + 4}" width="{length:.1f}" '
+                   f'height="{row_h - 8}" fill="{color}"/>')
+        floor_ms = step_floor_ms(r, report["speed_of_light"])
+        if floor_ms is not None:
+            x = left + label_w + floor_ms * scale
+            out.append(f'<line x1="{x:.1f}" y1="{y + 1}" x2="{x:.1f}" y2="{y + row_h - 1}" '
+                       f'stroke="#000000" stroke-width="2" stroke-dasharray="3,2"/>')
+        out.append(f'<text x="{left + label_w + length + 6:.1f}" y="{y + 17}"{weight}>'
+                   f"{r['median_ms']:.1f} ms ({eager / r['median_ms']:.2f}×)</text>")
+    y = top + row_h * len(rows) + 22
+    legend = [("#9e9e9e", "HF transformers"), ("#76b900", "the course's model, bf16"),
+              ("#3f7d00", "the course's model, FP8")]
+    x = left
+    for color, text in legend:
+        out.append(f'<rect x="{x}" y="{y - 11}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{x + 18}" y="{y}">{escape(text)}</text>')
+        x += 18 + 7 * len(text) + 24
+    y += 22
+    out.append(f'<line x1="{left + 6}" y1="{y - 12}" x2="{left + 6}" y2="{y + 2}" '
+               f'stroke="#000000" stroke-width="2" stroke-dasharray="3,2"/>')
+    out.append(f'<text x="{left + 18}" y="{y}">'
+               + escape("the step's speed-of-light floor: its work at this GPU's measured rates, "
+                        "in the step's precision") + "</text>")
+    out.append(f'<text x="{left}" y="{y + 22}" fill="#444444">'
+               + escape("(×): speedup over HF eager; bold: the course's fastest step") + "</text>")
+    return "\n".join(out + ["</svg>"]) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The regions, rendering and checking
+
+def regions() -> dict[str, Callable[[], str]]:
+    """Region name -> its renderer."""
+    return {
+        "chapter-times": chapter_times,
+        "cpu-train": cpu_train,
+        "h200-environment": h200_environment,
+        "h200-expert-layer": h200_expert_layer,
+        "h200-fsdp2-world1": h200_fsdp2_world1,
+        "h200-analyze": h200_analyze,
+        "h200-expert-notes": h200_expert_notes,
+        "h200-train-step": h200_train_step,
+        "h200-targets": h200_targets,
+        "h200-speed-of-light": h200_speed_of_light,
+        "h200-step-in-backward": h200_step_in_backward,
+        "h200-compiled-candidates": h200_compiled_candidates,
+        "h200-idle-gaps": h200_idle_gaps,
+        "h200-compiled-step-in-backward-idle": h200_compiled_step_in_backward_idle,
+        "published-recipe": published_recipe,
+        "h200-profile": h200_profile,
+        "h200-history": h200_history,
+        "h200x2-ep": h200x2_ep,
+        "h200x2-matrix": h200x2_matrix,
+        "mixtral-8x7b-memory": mixtral_8x7b_memory,
+    }
+
+
+def _block(name: str, body: str) -> str:
+    return (f"<!-- BEGIN generated: {name} (python -m tools.docs) -->\n{body.rstrip()}\n"
+            f"<!-- END generated: {name} -->")
+
+
+_REPO_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:|#|/)")  # a link to a path in the repository
+
+
+def _relative_links(body: str, document: str) -> str:
+    """The region's links, written from the repository's root, as seen from `document`."""
+    up = "../" * document.count("/")
+    return _REPO_LINK.sub("](" + up, body) if up else body
+
+
+def render(text: str, document: str = "README.md", names: set[str] | None = None) -> str:
+    """`text`, the document at `document` (relative to the repository), with every generated
+    region rewritten from the results. Refuses a text whose markers do not pair up or name a
+    region twice or one no renderer knows; with `names`, also one that lacks any of them."""
+    renderers = regions()
+    found = [m[1] for m in _REGION.finditer(text)]
+    markers = [m.groups() for m in _MARKER.finditer(text)]
+    problems = []
+    if len(markers) != 2 * len(found):
+        problems.append("a BEGIN or END marker without its partner (or a malformed one)")
+    problems += [f"region {n!r} appears {found.count(n)} times" for n in sorted(set(found))
+                 if found.count(n) > 1]
+    problems += [f"region {n!r} is missing" for n in sorted(names or ()) if n not in found]
+    problems += [f"unknown region {n!r}" for n in found if n not in renderers]
+    if problems:
+        raise DocsError("; ".join(problems))
+    return _REGION.sub(lambda m: _block(
+        m["name"], _relative_links(renderers[m["name"]](), document)), text)
+
+
+def _read(root: Path, document: str) -> str:
+    path = root / document
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DocsError(f"{path}: no such file; run `python -m tools.docs` in a checkout "
+                        "of the repository, or give --root the folder that holds README.md and "
+                        "docs/") from None
+
+
+def documents(root: Path = ROOT) -> list[str]:
+    """The README and the markdown pages under docs/, relative to `root`."""
+    return [README_NAME] + [f"{DOCS_DIR}/{page.name}"
+                            for page in sorted((root / DOCS_DIR).glob("*.md"))]
+
+
+def _placement(texts: dict[str, str]) -> dict[str, set[str]]:
+    """document -> the regions it holds; an error for a region in no document or in two."""
+    where = {doc: {m["name"] for m in _REGION.finditer(text)} for doc, text in texts.items()}
+    problems = []
+    for name in regions():
+        holders = [doc for doc, names in where.items() if name in names]
+        if len(holders) != 1:
+            problems.append(f"region {name!r} is in " + (" and ".join(holders) if holders
+                                                        else "no document"))
+    if problems:
+        raise DocsError("; ".join(problems) + " (each region belongs in exactly one of "
+                        f"{README_NAME} and {DOCS_DIR}/*.md)")
+    return where
+
+
+def _rendered(root: Path) -> dict[str, tuple[str, str]]:
+    """document or chart -> (its text now, its text from the results)."""
+    texts = {doc: _read(root, doc) for doc in documents(root)}
+    where = _placement(texts)
+    out = {}
+    for doc, text in texts.items():
+        try:
+            out[doc] = (text, render(text, doc, where[doc]))
+        except DocsError as exc:
+            raise DocsError(f"{root / doc}: {exc}") from None
+    chart = root / CHART
+    out[CHART] = (chart.read_text(encoding="utf-8") if chart.exists() else "",
+                  train_step_chart())
+    return out
+
+
+def check(root: str | Path = ROOT, max_lines: int = 12) -> list[str]:
+    """One short unified diff per region (or chart) whose text differs from what the results
+    say; empty when the documents agree with them."""
+    problems = []
+    for doc, (current, wanted) in _rendered(Path(root)).items():
+        if doc == CHART:
+            if current != wanted:
+                problems.append(f"{doc} " + ("is missing" if not current else
+                                            "differs from what h200.json draws"))
+            continue
+        now = {m["name"]: m["body"] for m in _REGION.finditer(current)}
+        for m in _REGION.finditer(wanted):
+            name, body = m["name"], m["body"]
+            if now[name] != body:
+                diff = list(difflib.unified_diff(now[name].splitlines(), body.splitlines(),
+                                                 f"{doc}: {name}", f"from {RESULTS_LINK}: {name}",
+                                                 n=0, lineterm=""))
+                more = ([f"... ({len(diff) - max_lines} more diff lines)"]
+                        if len(diff) > max_lines else [])
+                problems.append(f"{doc}: region {name!r} differs from the results:\n"
+                                + "\n".join(diff[:max_lines] + more))
+    return problems
+
+
+def write(root: str | Path = ROOT) -> list[str]:
+    """Rewrite the regions and the chart under `root` from the results; the documents that
+    changed."""
+    root = Path(root)
+    changed = []
+    for doc, (current, wanted) in _rendered(root).items():
+        if current != wanted:
+            (root / doc).parent.mkdir(parents=True, exist_ok=True)
+            (root / doc).write_text(wanted, encoding="utf-8")
+            changed.append(doc)
+    return changed

@@ -1,10 +1,9 @@
 import pytest
 import torch
 
-from moe_tutorial.moe.config import MODE_ENV, PRESETS, MoEConfig, course_mode, preset
+from moe_tutorial.moe.config import MODE_ENV, PRESETS, VOCAB_SIZE, MoEConfig, course_mode, preset
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.parallel.distributed import is_expert_parameter
-from moe_tutorial.train.data import VOCAB_SIZE
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -9,12 +9,9 @@ import time
 import pytest
 import torch
 
+from moe_tutorial.moe.config import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from moe_tutorial.train.data import (
-    BOS_ID,
     DEFAULT_FASTA,
-    EOS_ID,
-    PAD_ID,
-    VOCAB_SIZE,
     FastaFormatError,
     FastaRecord,
     ProteinTokenizer,

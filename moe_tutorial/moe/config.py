@@ -27,8 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..train.data import VOCAB_SIZE as PROTEIN_VOCAB_SIZE
 from . import families
+
+# The protein vocabulary the course's models embed (the tokenizer is train.data's)
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+PAD_ID, BOS_ID, EOS_ID = range(len(SPECIAL_TOKENS))
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+UNKNOWN = "X"
+VOCAB = (*SPECIAL_TOKENS, *AMINO_ACIDS, UNKNOWN)
+VOCAB_SIZE = len(VOCAB)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # MoEConfig's real-valued fields and what each is (for the message that refuses a bad one).
@@ -50,7 +57,7 @@ class MoEConfig:
 
     The fields after `dtype` choose the architecture variant; their defaults are Mixtral's."""
 
-    vocab_size: int = PROTEIN_VOCAB_SIZE
+    vocab_size: int = VOCAB_SIZE
     hidden_size: int = 128
     intermediate_size: int = 256  # per expert
     num_layers: int = 2

@@ -70,17 +70,12 @@ from pathlib import Path
 
 import torch
 
+from ..moe.config import AMINO_ACIDS, BOS_ID, EOS_ID, SPECIAL_TOKENS, UNKNOWN, VOCAB, VOCAB_SIZE
+
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
-PAD_ID, BOS_ID, EOS_ID = range(len(SPECIAL_TOKENS))
-AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
-UNKNOWN = "X"
 ALIASES = {"B": "X", "Z": "X", "J": "X", "U": "C", "O": "K"}
-
-VOCAB = (*SPECIAL_TOKENS, *AMINO_ACIDS, UNKNOWN)
-VOCAB_SIZE = len(VOCAB)
 
 _RESIDUE_IDS = {token: i for i, token in enumerate(VOCAB) if len(token) == 1}
 _RESIDUE_IDS |= {alias: _RESIDUE_IDS[target] for alias, target in ALIASES.items()}

@@ -2,8 +2,7 @@ import pytest
 import torch
 
 from moe_tutorial.moe.config import MODE_ENV, PRESETS, VOCAB_SIZE, MoEConfig, course_mode, preset
-from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.parallel.distributed import is_expert_parameter
+from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

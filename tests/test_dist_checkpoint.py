@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from moe_tutorial.course.lesson import rel_error
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
 from moe_tutorial.parallel import dist_checkpoint, distributed, ranks
 from moe_tutorial.perf.train_dist import _global_batch
 from moe_tutorial.train.checkpoint import CheckpointError
@@ -81,7 +81,7 @@ def _whole(model, unsharded, of) -> dict[str, torch.Tensor]:
             value = of(p)
             into[name].copy_(value.full_tensor() if isinstance(value, DTensor) else value)
     whole = {name: p.detach().clone() for name, p in unsharded.named_parameters()
-             if not distributed.is_expert_parameter(name)}
+             if not is_expert_parameter(name)}
     for i, layer in enumerate(unsharded.model.layers):
         gate_up, down = layer.mlp.dispatcher.full_hf_weights(layer.mlp.experts)
         whole[f"model.layers.{i}.experts.gate_up_proj"] = gate_up

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
 from moe_tutorial.parallel import distributed, ranks, sharded_init
 from moe_tutorial.parallel.sharded_init import build_sharded, load_hf_shards
 from moe_tutorial.perf import train_dist
@@ -123,7 +123,7 @@ def _rank_check(folder: str, config, batches: dict, expected: dict) -> dict:
             # FSDP2 shards every dense weight; the experts only where a dp group shares them
             # (`distributed.experts_outside_fsdp`: with dp = 1 they stay plain tensors)
             "dtensors": {kind: all(isinstance(p, DTensor) for name, p in model.named_parameters()
-                                   if distributed.is_expert_parameter(name) == (kind == "experts"))
+                                   if is_expert_parameter(name) == (kind == "experts"))
                          for kind in ("dense", "experts")},
             "global_rows": [tuple(s.shape) for s in stacks],
             "local_rows": [tuple(local(s).shape) for s in stacks],

@@ -50,6 +50,12 @@ from .routing import Router, load_balancing_loss
 IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
 
 
+def is_expert_parameter(name: str) -> bool:
+    """Whether a parameter of `MoEForCausalLM.named_parameters()` belongs to the routed experts
+    (which expert parallelism shards and the optimizer may treat apart)."""
+    return ".mlp.experts." in name
+
+
 def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
     """The targets of HF's `labels=input_ids` convention: position t predicts token t+1; the last
     position has no target (IGNORE_INDEX). With these our loss is the one HF computes."""

@@ -82,6 +82,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from .. import safe_io
 from ..moe.experts import TE_EXPERT_CLASSES, ExpertMLP, deinterleave_glu, interleave_glu
+from ..moe.model import is_expert_parameter
 from ..train.checkpoint import (
     CheckpointError,
     check_arguments,
@@ -89,7 +90,7 @@ from ..train.checkpoint import (
     check_same_run,
     saved_steps,
 )
-from .distributed import Layout, check_layout, is_expert_parameter
+from .distributed import Layout, check_layout
 
 FORMAT = 1  # bumped when the keys or meta.json change; other formats are refused by name
 NAME = re.compile(r"step_(\d{8})")

@@ -52,6 +52,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ..moe.experts import ExpertMLP, convert_experts
+from ..moe.model import is_expert_parameter
 from ..moe.routing import permute, sort_by_expert, unpermute
 
 # NVLink multicast stays off in every process of this course (it can take a shared host's GPUs
@@ -231,10 +232,6 @@ def shard_experts(model: nn.Module, layout: Layout, **options) -> nn.Module:
         layer.mlp.experts = local
         layer.mlp.dispatcher = AllToAllDispatcher(num_experts, layout)
     return model
-
-
-def is_expert_parameter(name: str) -> bool:
-    return ".mlp.experts." in name
 
 
 @torch.no_grad()

@@ -46,7 +46,7 @@ from ..course.lesson import rel_error
 from ..moe import routing
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import TORCH_BACKENDS
-from ..moe.model import MoEForCausalLM, next_token_targets
+from ..moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
 from ..parallel import distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
 from .timing import allocator_retries, environment, time_fn
@@ -204,7 +204,7 @@ def check(args, device) -> dict:
             params[name].grad = grad
     ref_params = dict(reference.named_parameters())
     for name, grad in grads.items():
-        if not distributed.is_expert_parameter(name):
+        if not is_expert_parameter(name):
             errors[name] = rel_error(grad, ref_params[name].grad)
     # Expert gradients in HF layout (whatever the backend's own layout): this rank's shard.
     per_rank = config.num_experts // args.ep

@@ -33,8 +33,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..moe.model import MoEForCausalLM, check_batch
-from ..parallel.distributed import is_expert_parameter
+from ..moe.model import MoEForCausalLM, check_batch, is_expert_parameter
 from ..precision import hardware
 from . import checkpoint as ckpt
 from .data import check_count, iterate_batches

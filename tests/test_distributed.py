@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from moe_tutorial.course.lesson import rel_error
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.parallel import distributed, ranks
 from moe_tutorial.perf import train_dist
 from moe_tutorial.perf.train_dist import launch
+from moe_tutorial.precision.quant import rel_error
 
 # fp32 on CPU: the only differences are the order of sums (tokens regrouped by the all-to-all,
 # gradients averaged across ranks) — ~3e-7 relative seen; 1e-5 still catches any wrong routing,

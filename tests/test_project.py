@@ -87,7 +87,7 @@ def test_notebooks_use_the_shared_helpers_instead_of_their_own():
 def test_rel_error_is_the_frobenius_ratio():
     import torch
 
-    from moe_tutorial.course.lesson import rel_error
+    from moe_tutorial.precision.quant import rel_error
 
     want = torch.tensor([3.0, 4.0])
     assert rel_error(want + torch.tensor([0.3, 0.4]), want) == pytest.approx(0.1)

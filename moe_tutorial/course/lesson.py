@@ -1,6 +1,6 @@
 """What the notebooks share, so that none defines its own: the run's mode, device and sizes
-from the `parameters` cell, the package's code shown as it runs, and the course's one relative
-error."""
+from the `parameters` cell, and the package's code shown as it runs. (The course's one relative
+error is `precision.quant.rel_error`.)"""
 
 from __future__ import annotations
 
@@ -51,12 +51,6 @@ def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, **par
                          f"the defaults name {sorted(defaults[mode])}")
     values = {name: parameters.get(name) or default for name, default in defaults[mode].items()}
     return Setup(mode, device or ("cuda" if torch.cuda.is_available() else "cpu"), values)
-
-
-def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """||got - want|| / ||want|| (Frobenius norms, in fp32): how far an output or a gradient is
-    from its reference — the measure every notebook, check and benchmark of the course quotes."""
-    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
 
 
 def show_source(obj) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..course.lesson import rel_error
+from ..precision.quant import rel_error
 from .timing import (
     Peaks,
     allocator_retries,

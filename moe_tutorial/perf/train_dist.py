@@ -42,13 +42,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .. import safe_io
-from ..course.lesson import rel_error
 from ..moe import routing
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import TORCH_BACKENDS
 from ..moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
 from ..parallel import distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
+from ..precision.quant import rel_error
 from .timing import allocator_retries, environment, time_fn
 
 

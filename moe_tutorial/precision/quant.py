@@ -67,6 +67,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+
+def rel_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """||got - want|| / ||want|| (Frobenius norms, in fp32): how far an output or a gradient is
+    from its reference — the measure every notebook, check and benchmark of the course quotes."""
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+
+
 # ----------------------------------------------------------------------------------------------
 # FP8 element formats
 # ----------------------------------------------------------------------------------------------

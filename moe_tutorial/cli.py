@@ -1,5 +1,5 @@
-"""Command line: `python -m moe_tutorial info | lab | train | bench | blackwell-dry-run |
-validate | speed-of-light | analyze | docs`."""
+"""Command line: `python -m moe_tutorial info | lab | train | run | build | bench |
+blackwell-dry-run | validate | speed-of-light | idle-gaps | analyze`."""
 
 from __future__ import annotations
 
@@ -425,38 +425,6 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if report["gpu_tests"]["exit_code"] == 0 else 1
 
 
-def _docs(args: argparse.Namespace) -> int:
-    from tools import docs
-
-    root = Path(args.root) if args.root else docs.ROOT
-    if args.record_run and (args.check or args.root):
-        print("docs: --record-run writes a result file and renders nothing; run it without "
-              "--check and --root, then `python -m tools.docs`", file=sys.stderr)
-        return 2
-    if not args.record_run and (args.replace or args.note):
-        print("docs: --replace and --note go with --record-run RUN_DIR", file=sys.stderr)
-        return 2
-    try:
-        if args.record_run:
-            out = docs.record_course_run(*args.record_run, replace=args.replace, note=args.note)
-            print(f"wrote {out}")
-            return 0
-        if not args.check:
-            changed = docs.write(root)
-            print(f"{root}: rewritten: {', '.join(changed)}" if changed else f"{root}: up to date")
-            return 0
-        problems = docs.check(root)
-    except docs.DocsError as exc:  # a missing document, or markers lost in an edit: one line
-        print(exc, file=sys.stderr)
-        return 1
-    for problem in problems:
-        print(problem, file=sys.stderr)
-    if problems:
-        print(f"{root}: {len(problems)} generated part(s) disagree with benchmarks/results/; "
-              "run `python -m tools.docs` to regenerate them", file=sys.stderr)
-    return 1 if problems else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m moe_tutorial", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -580,24 +548,6 @@ def main(argv: list[str] | None = None) -> int:
     an.add_argument("--replace", action="store_true",
                     help="replace an existing --json file (else it is refused)")
     an.set_defaults(run=_analyze)
-    dc = sub.add_parser("docs", help="rewrite the generated regions of README.md and "
-                                     "docs/*.md and the README's chart from "
-                                     "benchmarks/results/ (--check: fail where they disagree)")
-    dc.add_argument("--check", action="store_true",
-                    help="change nothing; exit 1 with a diff per region that disagrees")
-    dc.add_argument("--root", default=None,
-                    help="the folder holding README.md and docs/ to render or check (default: "
-                         "this repository; the results are always this checkout's)")
-    dc.add_argument("--record-run", metavar="RUN_DIR", nargs="+", default=None,
-                    help="instead: record the notebooks' run times of a finished `run --out "
-                         "RUN_DIR` (or of a run in parts, one folder each) with this machine's "
-                         "hardware and versions in benchmarks/results/ (the README's chapter "
-                         "table quotes them)")
-    dc.add_argument("--replace", action="store_true",
-                    help="with --record-run: write over an earlier record of that machine and mode")
-    dc.add_argument("--note", default=None,
-                    help="with --record-run: what a reader of the times should know about the run")
-    dc.set_defaults(run=_docs)
 
     args = parser.parse_args(argv)
     check = _CHECKS.get(args.command)

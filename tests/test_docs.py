@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from moe_tutorial.cli import main
 from tools import docs
+from tools.docs import main
 
 BENCHMARKS = "docs/benchmarks.md"
 
@@ -20,7 +20,7 @@ def _region(text: str, name: str) -> re.Match:
 
 
 def test_the_committed_documents_agree_with_the_results(capsys):
-    assert main(["docs", "--check"]) == 0, capsys.readouterr().err
+    assert main(["--check"]) == 0, capsys.readouterr().err
 
 
 @pytest.fixture
@@ -45,23 +45,23 @@ def edited_number(copy_root):
 
 def test_a_hand_edited_number_fails_the_check_and_names_its_document_and_region(edited_number,
                                                                                   capsys):
-    assert main(["docs", "--check", "--root", str(edited_number)]) == 1
+    assert main(["--check", "--root", str(edited_number)]) == 1
     err = capsys.readouterr().err
     assert f"{BENCHMARKS}: region 'h200-train-step' differs" in err
     assert err.count("differs from the results") == 1  # only the edited region
 
 
 def test_docs_restores_the_edited_region(edited_number):
-    assert main(["docs", "--root", str(edited_number)]) == 0
+    assert main(["--root", str(edited_number)]) == 0
     assert (edited_number / BENCHMARKS).read_text() == (docs.ROOT / BENCHMARKS).read_text()
 
 
 def test_a_hand_edited_chart_fails_the_check_and_docs_redraws_it(copy_root, capsys):
     chart = copy_root / docs.CHART
     chart.write_text(chart.read_text().replace("76.6 ms", "66.6 ms"))
-    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert main(["--check", "--root", str(copy_root)]) == 1
     assert f"{docs.CHART} differs from what h200.json draws" in capsys.readouterr().err
-    assert main(["docs", "--root", str(copy_root)]) == 0
+    assert main(["--root", str(copy_root)]) == 0
     assert chart.read_text() == (docs.ROOT / docs.CHART).read_text()
 
 
@@ -79,7 +79,7 @@ def test_the_chart_is_drawn_from_the_file_with_its_gpu_and_versions():
 
 
 def test_a_missing_document_is_one_line_naming_the_fix(tmp_path, capsys):
-    assert main(["docs", "--check", "--root", str(tmp_path / "missing")]) == 1
+    assert main(["--check", "--root", str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "README.md: no such file" in err and "--root" in err
@@ -90,7 +90,7 @@ def test_a_lost_region_is_an_error_not_a_silent_pass(copy_root, capsys):
     text = path.read_text()
     region = _region(text, "h200-targets")
     path.write_text(text[:region.start()] + text[region.end():])
-    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert main(["--check", "--root", str(copy_root)]) == 1
     err = capsys.readouterr().err
     assert "region 'h200-targets' is in no document" in err and err.count("\n") == 1
 
@@ -99,7 +99,7 @@ def test_a_region_in_two_documents_is_an_error(copy_root, capsys):
     readme = copy_root / "README.md"
     body = _region((copy_root / BENCHMARKS).read_text(), "cpu-train")[0]
     readme.write_text(readme.read_text() + "\n" + body + "\n")
-    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert main(["--check", "--root", str(copy_root)]) == 1
     assert (f"region 'cpu-train' is in README.md and {BENCHMARKS}"
             in capsys.readouterr().err)
 
@@ -110,9 +110,9 @@ def test_a_region_may_live_in_any_page_under_docs(copy_root, capsys):
     region = _region(text, "cpu-train")
     bench.write_text(text[:region.start()] + text[region.end():])
     other.write_text("# Elsewhere\n\n" + region[0] + "\n")
-    assert main(["docs", "--check", "--root", str(copy_root)]) == 0, capsys.readouterr().err
+    assert main(["--check", "--root", str(copy_root)]) == 0, capsys.readouterr().err
     other.write_text(other.read_text().replace("| 40 |", "| 41 |"))
-    assert main(["docs", "--check", "--root", str(copy_root)]) == 1
+    assert main(["--check", "--root", str(copy_root)]) == 1
     assert "docs/elsewhere.md: region 'cpu-train' differs" in capsys.readouterr().err
 
 
@@ -201,7 +201,7 @@ def test_record_run_writes_each_notebooks_time_with_the_machine(tmp_path, result
     _executed(run, "00_setup", duration=12.34)
     _executed(run, "01_naive_moe", duration=60.0)
     (run / "report.html").write_text("not a notebook")
-    assert main(["docs", "--record-run", str(run)]) == 0
+    assert main(["--record-run", str(run)]) == 0
     out = results_dir / "cpu_course_small.json"
     assert f"wrote {out}" in capsys.readouterr().out
     record = json.loads(out.read_text())
@@ -211,9 +211,9 @@ def test_record_run_writes_each_notebooks_time_with_the_machine(tmp_path, result
     for key in ("torch", "python", "cpu_count", "cpu_model", "date"):
         assert key in record["environment"]
     # An earlier record stays unless --replace says otherwise
-    assert main(["docs", "--record-run", str(run)]) == 1
+    assert main(["--record-run", str(run)]) == 1
     assert "exists; pass --replace" in capsys.readouterr().err
-    assert main(["docs", "--record-run", str(run), "--replace"]) == 0
+    assert main(["--record-run", str(run), "--replace"]) == 0
 
 
 def test_record_run_joins_a_run_in_parts(tmp_path, results_dir):
@@ -221,7 +221,7 @@ def test_record_run_joins_a_run_in_parts(tmp_path, results_dir):
     first.mkdir(), second.mkdir()
     _executed(first, "00_setup", duration=10.0)
     _executed(second, "01_naive_moe", duration=20.0)
-    assert main(["docs", "--record-run", str(second), str(first), "--note", "in two parts"]) == 0
+    assert main(["--record-run", str(second), str(first), "--note", "in two parts"]) == 0
     record = json.loads((results_dir / "cpu_course_small.json").read_text())
     assert [r["notebook"] for r in record["runs"]] == ["00_setup", "01_naive_moe"]
     assert record["total_s"] == 30.0 and record["note"] == "in two parts"
@@ -230,7 +230,7 @@ def test_record_run_joins_a_run_in_parts(tmp_path, results_dir):
 @pytest.mark.parametrize("argv", [["--replace"], ["--note", "n"], ["--check", "--record-run", "x"],
                                   ["--root", "x", "--record-run", "x"]])
 def test_record_runs_options_outside_it_are_refused(argv, capsys):
-    assert main(["docs", *argv]) == 2
+    assert main([*argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("docs: ") and err.count("\n") == 1
 
@@ -250,7 +250,7 @@ def test_record_run_refuses_a_run_it_cannot_vouch_for(tmp_path, results_dir, cap
         _executed(run, "01_naive_moe", mode="full" if problem == "modes" else "small",
                   exception=True if problem == "failed" else None)
     _executed(other, "00_setup" if problem == "twice" else "02_grouped_linear")
-    assert main(["docs", "--record-run", str(run), str(other)]) == 1
+    assert main(["--record-run", str(run), str(other)]) == 1
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     assert not list(results_dir.iterdir())
@@ -288,5 +288,5 @@ def test_links_between_the_pages_lead_to_files_and_headings(page):
         linked = (path.parent / target).resolve() if target else path
         assert linked.exists(), f"{page} links {target}"
         if anchor and linked.suffix == ".md":
-            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
             assert anchor in {_slug(h) for h in headings}, f"{page} links {target}#{anchor}"

@@ -27,6 +27,7 @@ headless run of the course (`python -m moe_tutorial run`, recorded with `docs --
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import functools
 import json
@@ -34,6 +35,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from xml.sax.saxutils import escape
@@ -49,7 +51,7 @@ CHART = "docs/train-step-ladder.svg"
 
 _REGION = re.compile(
     r"<!-- BEGIN generated: (?P<name>[\w-]+) \(python -m tools.docs\) -->\n"
-    r"(?P<body>.*?)<!-- END generated: (?P=name) -->", re.S)
+    r"(?P<body>.*?)<!-- END generated: (?P=name) -->", re.DOTALL)
 _MARKER = re.compile(r"<!-- (BEGIN|END) generated: ([\w-]+)")
 
 
@@ -120,7 +122,7 @@ def _peak_text(report: dict, kind: str) -> str:
     measured, datasheet = _peaks(report, kind)
     if measured is None and datasheet is None:
         return "not measured in this run"
-    show = lambda v: "not measured" if v is None else f"{v:,.0f}"  # noqa: E731
+    show = lambda v: "not measured" if v is None else f"{v:,.0f}"
     return f"{show(measured)} TFLOP/s measured / {show(datasheet)} datasheet"
 
 
@@ -427,7 +429,12 @@ TARGETS = [
 
 def _target_detail(report: dict, key: str) -> str:
     """Which variant reached the measured value."""
-    from moe_tutorial.perf.bench import best_step, precision_kind, row_precision, step_floor_ms
+    from moe_tutorial.perf.bench import (
+        best_step,
+        precision_kind,
+        row_precision,
+        step_floor_ms,
+    )
 
     if key.startswith("expert_"):
         shape = "mixtral" if "mixtral" in key else "fine_grained"
@@ -698,16 +705,16 @@ def h200_profile() -> str:
     of its profile and the step times and peaks of its training table."""
     report = _load("h200.json")
     text = (RESULTS / "h200.txt").read_text()
-    variant, steps = re.search(r"^profile of (\S+), (\d+) steps$", text, re.M).groups()
-    per_step = lambda *names: sum(_profile_ms(text, n) for n in names) / int(steps)  # noqa: E731
+    variant, steps = re.search(r"^profile of (\S+), (\d+) steps$", text, re.MULTILINE).groups()
+    per_step = lambda *names: sum(_profile_ms(text, n) for n in names) / int(steps)
     adamw = per_step("Optimizer.step#AdamW.step")
     mlp = per_step("_OperationFuserAutogradFunction", "_OperationFuserAutogradFunctionBackward")
     train = _printed_train_rows(text)
     ours = train[variant][0] - adamw
     config, _ = _train_config(report)
     hf_memory = train["hf_grouped_mm"][1]
-    ratio = lambda name: (train[name][0] - adamw) / ours  # noqa: E731
-    memory = lambda name: train[name][1] / hf_memory  # noqa: E731
+    ratio = lambda name: (train[name][0] - adamw) / ours
+    memory = lambda name: train[name][1] / hf_memory
     return (
         f"Where the time goes (torch.profiler over {steps} steps of `{variant}`, in "
         f"{_link('h200.txt')}): the te.ops expert MLPs take {mlp:.1f} ms per step (forward + "
@@ -1292,7 +1299,7 @@ def _cpu_model() -> str | None:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
-    found = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    found = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
     return found[1].strip() if found else None
 
 
@@ -1528,3 +1535,56 @@ def write(root: str | Path = ROOT) -> list[str]:
             (root / doc).write_text(wanted, encoding="utf-8")
             changed.append(doc)
     return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.docs",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 with a diff per region that disagrees")
+    parser.add_argument("--root", default=None,
+                        help="the folder holding README.md and docs/ to render or check (default: "
+                             "this repository; the results are always this checkout's)")
+    parser.add_argument("--record-run", metavar="RUN_DIR", nargs="+", default=None,
+                        help="instead: record the notebooks' run times of a finished `run --out "
+                             "RUN_DIR` (or of a run in parts, one folder each) with this machine's "
+                             "hardware and versions in benchmarks/results/ (the README's chapter "
+                             "table quotes them)")
+    parser.add_argument("--replace", action="store_true",
+                        help="with --record-run: write over an earlier record of that machine and "
+                             "mode")
+    parser.add_argument("--note", default=None,
+                        help="with --record-run: what a reader of the times should know about the "
+                             "run")
+    args = parser.parse_args(argv)
+    root = Path(args.root) if args.root else ROOT
+    if args.record_run and (args.check or args.root):
+        print("docs: --record-run writes a result file and renders nothing; run it without "
+              "--check and --root, then `python -m tools.docs`", file=sys.stderr)
+        return 2
+    if not args.record_run and (args.replace or args.note):
+        print("docs: --replace and --note go with --record-run RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        if args.record_run:
+            out = record_course_run(*args.record_run, replace=args.replace, note=args.note)
+            print(f"wrote {out}")
+            return 0
+        if not args.check:
+            changed = write(root)
+            print(f"{root}: rewritten: {', '.join(changed)}" if changed else f"{root}: up to date")
+            return 0
+        problems = check(root)
+    except DocsError as exc:  # a missing document, or markers lost in an edit: one line
+        print(exc, file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        print(f"{root}: {len(problems)} generated part(s) disagree with benchmarks/results/; "
+              "run `python -m tools.docs` to regenerate them", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -87,15 +87,6 @@ class Run:
 # ---------------------------------------------------------------------------------------------
 # What runs
 
-def layouts(gpus: int, num_experts: int) -> list[tuple[int, int]]:
-    """Every (dp, ep) with dp × ep = gpus and ep dividing num_experts, most expert-parallel
-    first (8 GPUs, 8 experts: (1, 8), (2, 4), (4, 2), (8, 1))."""
-    if gpus < 1:
-        raise ValueError(f"--gpus must be >= 1, got {gpus}")
-    return [(gpus // ep, ep) for ep in range(gpus, 0, -1)
-            if gpus % ep == 0 and num_experts % ep == 0]
-
-
 def parse_layout(text: str) -> tuple[int, int]:
     """'2x4' (or '2×4') → (dp, ep) = (2, 4)."""
     match = re.fullmatch(r"\s*(\d+)\s*[x×]\s*(\d+)\s*", text)
@@ -109,7 +100,7 @@ def chosen_layouts(gpus: int, num_experts: int,
     """The `--layouts` asked for (each checked: it must use all `gpus` and split the experts
     evenly), or all of them."""
     if not requested:
-        return layouts(gpus, num_experts)
+        return distributed.layouts(gpus, num_experts)
     chosen = [parse_layout(text) for text in requested]
     for dp, ep in chosen:
         if dp * ep != gpus:

@@ -13,6 +13,7 @@ import torch
 
 from benchmarks import matrix
 from moe_tutorial.moe.config import preset
+from moe_tutorial.parallel import distributed
 from moe_tutorial.perf import train_dist
 from moe_tutorial.perf.bench import results_path
 
@@ -24,18 +25,18 @@ def _has_transformers_5() -> bool:
 
 
 def test_layouts_are_every_factorisation_whose_ep_divides_the_experts():
-    assert matrix.layouts(8, 8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
-    assert matrix.layouts(2, 4) == [(1, 2), (2, 1)]
-    assert matrix.layouts(8, 6) == [(4, 2), (8, 1)]  # ep 4 and 8 would split 6 experts unevenly
-    assert matrix.layouts(6, 8) == [(3, 2), (6, 1)]
-    assert matrix.layouts(1, 8) == [(1, 1)]
+    assert distributed.layouts(8, 8) == [(1, 8), (2, 4), (4, 2), (8, 1)]
+    assert distributed.layouts(2, 4) == [(1, 2), (2, 1)]
+    assert distributed.layouts(8, 6) == [(4, 2), (8, 1)]  # ep 4 and 8 would split 6 experts unevenly
+    assert distributed.layouts(6, 8) == [(3, 2), (6, 1)]
+    assert distributed.layouts(1, 8) == [(1, 1)]
     with pytest.raises(ValueError, match="--gpus must be >= 1"):
-        matrix.layouts(0, 8)
+        distributed.layouts(0, 8)
 
 
 def test_requested_layouts_are_checked():
     assert matrix.chosen_layouts(8, 8, ["2x4", "8×1"]) == [(2, 4), (8, 1)]
-    assert matrix.chosen_layouts(8, 8, None) == matrix.layouts(8, 8)
+    assert matrix.chosen_layouts(8, 8, None) == distributed.layouts(8, 8)
     with pytest.raises(ValueError, match=r"layout 2x2 uses 4 GPUs, not --gpus 8"):
         matrix.chosen_layouts(8, 8, ["2x2"])
     with pytest.raises(ValueError, match="num_experts=6 is not divisible by ep=4"):
@@ -45,7 +46,7 @@ def test_requested_layouts_are_checked():
 
 
 def test_the_plan_runs_ours_in_every_layout_and_precision_then_hf_data_parallel():
-    runs = matrix.plan(8, matrix.layouts(8, 8), ["bf16", "fp8"], "te_ops")
+    runs = matrix.plan(8, distributed.layouts(8, 8), ["bf16", "fp8"], "te_ops")
     assert [(r.model, r.layout, r.precision) for r in runs] == [
         ("ours", "dp1×ep8", "bf16"), ("ours", "dp1×ep8", "fp8"),
         ("ours", "dp2×ep4", "bf16"), ("ours", "dp2×ep4", "fp8"),

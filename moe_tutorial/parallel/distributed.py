@@ -82,6 +82,15 @@ class Layout:
         return self.dp * self.ep
 
 
+def layouts(gpus: int, num_experts: int) -> list[tuple[int, int]]:
+    """Every (dp, ep) with dp × ep = gpus and ep dividing num_experts, most expert-parallel
+    first (8 GPUs, 8 experts: (1, 8), (2, 4), (4, 2), (8, 1))."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    return [(gpus // ep, ep) for ep in range(gpus, 0, -1)
+            if gpus % ep == 0 and num_experts % ep == 0]
+
+
 def check_layout(world_size: int, dp: int, ep: int, num_experts: int) -> None:
     """Clear errors for layouts that cannot work (before any process group is touched)."""
     if dp < 1 or ep < 1:

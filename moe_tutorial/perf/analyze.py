@@ -18,7 +18,7 @@ Every number comes from the module that owns its rule:
                        (`skewed_routing_splits`)
     4 fused MLP        experts.why_unfused / why_fused_raises for a Hopper and a Blackwell GPU as
                        hardware.fake_environment describes them
-    5 memory           memory.predict per engine and (dp, ep) layout (matrix.layouts); memory.fits
+    5 memory           memory.predict per engine and (dp, ep) layout (distributed.layouts); memory.fits
     6 recommendation   backend, recipe, alignment, layout, each with its reason in one computed
                        sentence: on a GPU after a short sweep of the expert layer (decide.run_sweep,
                        decide.decision_map); on a CPU no sweep runs, and the arithmetic above
@@ -39,8 +39,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
-from benchmarks import matrix
 
 from ..moe import experts, families
 from ..moe.config import PRESETS, MoEConfig, preset
@@ -342,9 +340,9 @@ def fused_conditions(config: MoEConfig, tokens_per_gpu=TOKENS_PER_GPU) -> dict:
 
 def layouts(config: MoEConfig, gpus: int) -> list[tuple[str, int, int]]:
     """(engine, dp, ep) of every layout of `gpus` GPUs the course trains with: replicated and
-    FSDP2, every (dp, ep) whose ep divides the experts (`matrix.layouts`)."""
+    FSDP2, every (dp, ep) whose ep divides the experts (`distributed.layouts`)."""
     return [(engine, dp, ep) for engine in ENGINES
-            for dp, ep in matrix.layouts(gpus, config.num_experts)]
+            for dp, ep in distributed.layouts(gpus, config.num_experts)]
 
 
 def experts_only_prediction(config: MoEConfig, *, batch: int, seq_len: int, dp: int, ep: int,

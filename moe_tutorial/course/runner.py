@@ -91,6 +91,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
+from ..safe_io import write_atomically
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
@@ -332,13 +333,6 @@ def check_device(device: str) -> None:
         check(device)
     except ValueError as exc:
         raise RunError(str(exc)) from None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file next to it, renamed over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # the usual permissions, unlike mkstemp's
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *,

@@ -73,14 +73,14 @@ def _info(args: argparse.Namespace) -> int:
 def _te_version_warning(te_version: str | None, cuda_available: bool) -> str | None:
     """A Transformer Engine other than the release the course was checked with, or none on a
     GPU: what to do about it (docs/gpu.md)."""
-    from tools.bootstrap import TE_SERIES
+    from .precision import hardware
 
     if te_version is None:
         return (f"Transformer Engine is not installed: the TE rows fall back; `make gpu` installs "
-                f"TE {TE_SERIES} (docs/gpu.md)") if cuda_available else None
-    if not te_version.startswith(f"{TE_SERIES}."):
+                f"TE {hardware.TE_SERIES} (docs/gpu.md)") if cuda_available else None
+    if not te_version.startswith(f"{hardware.TE_SERIES}."):
         return (f"Transformer Engine {te_version} is installed; the course was checked with "
-                f"{TE_SERIES}.x, so its TE chapters may fail or differ (docs/gpu.md)")
+                f"{hardware.TE_SERIES}.x, so its TE chapters may fail or differ (docs/gpu.md)")
     return None
 
 

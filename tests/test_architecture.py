@@ -1,6 +1,6 @@
-"""The package's import graph, read from the source (every import, inside functions too): a DAG
-whose arrows point down the declared layers, and a package map (docs/package.md) that names
-every module."""
+"""The package's import graph, read from the source (every import, inside functions too): its
+sub-packages are layers by concern, each importing only from the layers below it, no module
+imports another in a cycle, and docs/package.md's tree names every sub-package."""
 
 import ast
 from pathlib import Path
@@ -8,82 +8,77 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "moe_tutorial"
 
-# Lowest first. A module may import modules of its own layer or below, never above.
+# Lowest first. A sub-package (or a module beside them) may import its own layer or those below.
 LAYERS = [
-    ("foundations: no imports from the package",
-     {"hardware", "data", "hf_baseline", "ranks", "bootstrap", "workspace", "safe_io", "families",
-      "__init__"}),
-    ("configuration", {"config"}),
-    ("measuring: clocks, FLOP counts, peaks, memory", {"timing"}),
-    ("what the notebooks share: a run's mode and sizes come from the config", {"lesson"}),
-    ("numerics and token movement", {"quant", "routing"}),
-    ("which recipe runs here", {"recipes"}),
-    ("the experts", {"experts"}),
-    ("the model, expert parallelism", {"model", "distributed"}),
-    ("training (and resuming it), probes of a real step, what a step holds",
-     {"train", "checkpoint", "dist_checkpoint", "sharded_init", "probes", "memory"}),
-    ("measurement", {"bench", "skew"}),
-    ("harnesses and presentation", {"train_dist", "blackwell", "widgets", "checks", "course",
-                                  "step_profile", "idle_gaps", "speed_of_light"}),
-    ("the benchmark matrix, the decision sweep", {"matrix", "decide"}),
-    ("the analysis of a learner's own model", {"analyze"}),
-    ("the README's numbers", {"docs"}),
-    ("the command line", {"__main__"}),
+    ("beside the sub-packages, below every concern", {"__init__", "safe_io"}),
+    ("precision: what this machine runs, the recipes, the numerics", {"precision"}),
+    ("moe: the model the course teaches", {"moe"}),
+    ("train: the loop, its data, its checkpoints", {"train"}),
+    ("parallel: expert parallelism, FSDP2, sharded checkpoints and init", {"parallel"}),
+    ("perf: measuring, and the tables, figures and dashboard that show it", {"perf"}),
+    ("course: the runner and report, lesson helpers, probes, checks", {"course"}),
+    ("the command line", {"cli", "__main__"}),
 ]
-LAYER_OF = {module: i for i, (_, modules) in enumerate(LAYERS) for module in modules}
+LAYER_OF = {part: i for i, (_, parts) in enumerate(LAYERS) for part in parts}
 
 
-def _module_of(path: Path) -> str:
-    """The package module a source file belongs to: `x.py` is module x, and every file of a
-    subpackage `x/` (a directory with an `__init__.py`) is part of module x."""
-    return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+def _dotted(path: Path) -> str:
+    """moe_tutorial/perf/bench.py -> moe_tutorial.perf.bench (a package is its __init__)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _is_module(name: str) -> bool:
-    return (PACKAGE / f"{name}.py").exists() or (PACKAGE / name / "__init__.py").exists()
+def _exists(dotted: str) -> bool:
+    path = ROOT.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def _imports(path: Path) -> set[str]:
-    """The package modules `path` imports, at module level or inside functions; imports between
-    the files of one subpackage are internal to it."""
-    # a relative import of this many dots starts at moe_tutorial/ (fewer: inside the subpackage)
-    package_level = len(path.relative_to(PACKAGE).parts)
+    """The package's modules `path` imports (dotted), at module level or inside functions."""
+    here = _dotted(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == package_level:
-            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("moe_tutorial"):
-            parts = node.module.split(".")
-            found |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+        if isinstance(node, ast.ImportFrom):
+            base = (package[:len(package) - node.level + 1] + (node.module or "").split(".")
+                    if node.level else (node.module or "").split("."))
+            base = ".".join(p for p in base if p)
+            for alias in node.names:  # `from x import y`: y is a module of x, or a name in it
+                found.add(f"{base}.{alias.name}" if _exists(f"{base}.{alias.name}") else base)
         elif isinstance(node, ast.Import):
-            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("moe_tutorial.")}
-    return {m for m in found if _is_module(m)} - {_module_of(path)}
+            found |= {a.name for a in node.names}
+    return {m for m in found if m.startswith("moe_tutorial.") and _exists(m)} - {_dotted(path)}
 
 
-GRAPH: dict[str, set[str]] = {}
-for _path in sorted(PACKAGE.rglob("*.py")):
-    if _is_module(_module_of(_path)):  # not a script in a folder that is no subpackage
-        GRAPH.setdefault(_module_of(_path), set()).update(_imports(_path))
+def _part(dotted: str) -> str:
+    """The layer a module belongs to: its sub-package, or its own name beside them."""
+    return dotted.split(".")[1]
 
 
-def test_every_module_has_a_declared_layer():
-    undeclared = sorted(set(GRAPH) - set(LAYER_OF))
-    assert not undeclared, f"add these modules to LAYERS in tests/test_architecture.py: {undeclared}"
-    assert not sorted(set(LAYER_OF) - set(GRAPH)), "LAYERS names modules that no longer exist"
+GRAPH = {_dotted(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_part_has_a_declared_layer():
+    undeclared = sorted({_part(m) for m in GRAPH if "." in m} - set(LAYER_OF))
+    assert not undeclared, f"add these to LAYERS in tests/test_architecture.py: {undeclared}"
 
 
 def test_imports_point_down_the_layers():
-    upward = [f"{a} ({LAYERS[LAYER_OF[a]][0]}) imports {b} ({LAYERS[LAYER_OF[b]][0]})"
-              for a, targets in GRAPH.items() for b in sorted(targets) if LAYER_OF[b] > LAYER_OF[a]]
+    upward = [f"{a} ({LAYERS[LAYER_OF[_part(a)]][0]}) imports {b} "
+              f"({LAYERS[LAYER_OF[_part(b)]][0]})"
+              for a, targets in GRAPH.items() if "." in a for b in sorted(targets)
+              if LAYER_OF[_part(b)] > LAYER_OF[_part(a)]]
     assert not upward, "imports against the layers:\n" + "\n".join(upward)
 
 
 def test_the_import_graph_has_no_cycle():
+    """Between modules, not only between layers: two modules of one sub-package that import each
+    other are a cycle too."""
     state, cycles = {}, []
 
     def visit(module, path):
         state[module] = "open"
-        for target in sorted(GRAPH[module]):
+        for target in sorted(GRAPH.get(module, ())):
             if state.get(target) == "open":
                 cycles.append(" -> ".join(path[path.index(target):] + [target]))
             elif target not in state:
@@ -96,8 +91,25 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-def test_the_package_map_names_every_module():
-    table = (ROOT / "docs" / "package.md").read_text()
-    spelled = {m: f"`{m}/`" if (PACKAGE / m).is_dir() else f"`{m}.py`" for m in GRAPH}
-    missing = [m for m in GRAPH if not m.startswith("__") and spelled[m] not in table]
-    assert not missing, f"the package map, docs/package.md, lacks {missing}"
+def test_the_package_imports_no_repository_code():
+    """tools/ and benchmarks/ run from a checkout; an installed package has neither."""
+    outside = sorted(f"{_dotted(p)} imports {a.name if isinstance(node, ast.Import) else node.module}"
+                     for p in PACKAGE.rglob("*.py")
+                     for node in ast.walk(ast.parse(p.read_text()))
+                     if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+                     for a in node.names
+                     if (a.name if isinstance(node, ast.Import) else node.module or "")
+                     .split(".")[0] in ("tools", "benchmarks"))
+    assert not outside, "\n".join(outside)
+
+
+def test_the_package_keeps_few_modules_beside_its_sub_packages():
+    beside = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(beside) <= 8, f"moe_tutorial/ holds {beside}: move them into a sub-package"
+
+
+def test_docs_package_tree_names_every_sub_package():
+    tree = (ROOT / "docs" / "package.md").read_text()
+    parts = {d.name for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()}
+    missing = sorted(p for p in parts if f"{p}/" not in tree)
+    assert not missing, f"docs/package.md's tree lacks the sub-packages {missing}"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from moe_tutorial.precision import hardware
 from tools import bootstrap
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,6 +149,7 @@ def test_the_lock_file_pins_the_bootstraps_cpu_torch_and_the_gpu_extra_its_te():
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["optional-dependencies"]["gpu"] == [f"transformer-engine[pytorch]>={bootstrap.TE_SERIES},<2.21"]
+    assert hardware.TE_SERIES == bootstrap.TE_SERIES  # what `info` warns against
 
 
 def test_an_active_venv_is_used_as_it_is_and_its_torch_never_replaced(checkout, monkeypatch):

@@ -26,6 +26,10 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+# The Transformer Engine release the course was checked with (tools/bootstrap.py installs it; a
+# test holds the two and pyproject's gpu extra together).
+TE_SERIES = "2.20"
+
 NATIVE, FALLBACK, UNAVAILABLE = "native", "fallback", "unavailable"
 
 # The environment variable that enables the fused CuTe-DSL grouped MLP. TE 2.20.2 reads it in

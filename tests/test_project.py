@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tools import notebook_outputs
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,11 +61,7 @@ def test_shipped_data_is_packaged_with_its_notice():
 def test_notebooks_in_git_have_no_outputs():
     tracked = subprocess.run(["git", "ls-files", "*.ipynb"], cwd=ROOT, capture_output=True,
                              text=True).stdout.split()
-    dirty = []
-    for path in tracked:
-        nb = json.loads((ROOT / path).read_text())
-        if any(c.get("outputs") or c.get("execution_count") for c in nb["cells"]):
-            dirty.append(path)
+    dirty = notebook_outputs.with_outputs(ROOT / path for path in tracked)
     assert not dirty, f"commit these notebooks without outputs: {dirty}"
 
 

@@ -285,7 +285,7 @@ def _verify_grouped(case: Case, call) -> None:
     tol = tolerance(rows.dtype)
     if is_close(out, ref, tol):
         return
-    cumulative = (lambda s: torch.cumsum(s, 0))
+    cumulative = (lambda s: torch.cumsum(s, 0))  # noqa: E731
     variants = [
         (_grouped_with(rows, m_splits, swap_gate_up(gate_up), down, cumulative),
          "you swapped gate and up: the first I outputs of the gate-up GEMM are the gate, "

@@ -9,6 +9,9 @@ import os
 import sys
 from pathlib import Path
 
+# Each command imports the package inside its own functions: nearly every module imports torch,
+# and an argument mistake or `--help` is answered before it loads.
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse with its mistakes on one line, `error: ...` and exit status 2, like the

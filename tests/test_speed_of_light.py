@@ -248,7 +248,7 @@ def test_the_command_line_compares_each_chapter_with_its_precisions_floor(tmp_pa
                                                                           monkeypatch):
     bars = step_profile.ChapterBars({"grouped GEMM": synthetic_breakdown(1.0),
                                      "FP8 te.ops": synthetic_breakdown(0.5)}, {})
-    monkeypatch.setattr(step_profile, "chapter_breakdowns", lambda *a, **k: bars)
+    monkeypatch.setattr(sol, "chapter_breakdowns", lambda *a, **k: bars)
     out = tmp_path / "sol.json"
     assert cli_main(["speed-of-light", "--preset", "tiny", "--batch", "2", "--seq-len", "32",
                      "--device", "cpu", "--committed", str(COMMITTED), "--profile-upto", "fp8",

@@ -91,6 +91,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
+from ..precision.hardware import capabilities
+from ..precision.hardware import check_device as check
 from ..safe_io import write_atomically
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -327,8 +329,6 @@ def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
 def check_device(device: str) -> None:
     """Refuse a device the notebooks cannot run on here, before any of them starts
     (`hardware.check_device`, as a RunError)."""
-    from ..precision.hardware import check_device as check
-
     try:
         check(device)
     except ValueError as exc:
@@ -715,8 +715,6 @@ def _versions() -> list[tuple[str, str]]:
 
 
 def _capability_html() -> str:
-    from ..precision.hardware import capabilities
-
     caps = capabilities()
     rows = "".join(
         f'<tr><td>{html.escape(f.title)}</td><td class="{f.status}">{f.status}</td>'
@@ -864,8 +862,6 @@ def add_run_command(subparsers) -> argparse.ArgumentParser:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from ..precision.hardware import capabilities
-
     out = Path(args.out) if args.out else Path("runs") / _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     try:
         mode = course_mode(args.mode)

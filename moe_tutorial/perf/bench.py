@@ -14,7 +14,33 @@ from pathlib import Path
 
 import torch
 
+from ..moe.config import preset
+from ..moe.experts import (
+    ExpertMLP,
+    convert_experts,
+    cutlass_grouped_gemm,
+    default_backend,
+)
+from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
+from ..moe.model import MoEForCausalLM, next_token_targets
+from ..moe.routing import route
+from ..precision import hardware, recipes
 from ..precision.quant import rel_error
+from ..precision.recipes import supported_recipes
+from ..train.data import check_count
+from ..train.loop import (
+    OPTIMIZERS,
+    StepInBackward,
+    TrainingDiverged,
+    TrainSettings,
+    compiled_adamw,
+    layer_groups,
+    loss_of,
+    make_optimizer,
+    make_step_in_backward,
+    train,
+    train_step,
+)
 from .timing import (
     Peaks,
     allocator_retries,
@@ -89,8 +115,6 @@ TOLERANCE = {"bf16": 2e-2, "fp8": 0.15}
 def make_routing(shape: ExpertShape, routing: str, seed: int = 0):
     """(weights fp32 [T, k], indices [T, k]) from random router logits. `skewed` adds a Zipf-like
     bias (expert e gets log(1/(e+1))·2), so a few experts take most tokens and the last ones few."""
-    from ..moe.routing import route
-
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
     gen = torch.Generator().manual_seed(seed)
@@ -108,8 +132,6 @@ def precision_kind(precision: str) -> str:
 def _autocast(recipe):
     import contextlib
 
-    from ..precision import hardware
-
     if recipe is None:
         return contextlib.nullcontext()
     return hardware.transformer_engine().autocast(enabled=True, recipe=recipe)
@@ -121,8 +143,6 @@ def _autocast(recipe):
 def expert_variants(caps) -> list[tuple[str, str]]:
     """(backend, precision) pairs this machine can run: the loop, the grouped bf16 paths, and
     each TE backend under each FP8 recipe TE runs here."""
-    from ..precision.recipes import supported_recipes
-
     variants = [("naive", "bf16"), ("grouped_torch", "bf16"), ("te_permute_grouped_mm", "bf16"),
                 ("te_grouped_linear", "bf16"), ("te_ops", "bf16")]
     # (TE backends run their PyTorch counterparts without TE)
@@ -145,14 +165,6 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
     variant's output is checked against before it is timed. A backend named `<backend>+cutlass`
     runs `<backend>` with TE's CUTLASS grouped GEMM (`experts.cutlass_grouped_gemm`)."""
     import contextlib
-
-    from ..moe.experts import (
-        ExpertMLP,
-        convert_experts,
-        cutlass_grouped_gemm,
-        default_backend,
-    )
-    from ..precision import hardware, recipes
 
     caps = hardware.capabilities()
     variants = variants or expert_variants(caps)
@@ -267,8 +279,6 @@ class Variant:
         """(the trained module, forward(inputs, targets) -> loss) from the seeded initial weights
         every variant shares. HF computes `labels=input_ids` targets itself: the same ones as
         `model.next_token_targets`, which its forward is handed (comparable losses)."""
-        from ..moe.model import MoEForCausalLM
-
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:
@@ -276,7 +286,6 @@ class Variant:
             model.set_precision(self.precision)
             model.compiled_loss = self.compiled_loss
             return model, None  # train_step's default: model(inputs, targets)
-        from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
 
         hf = hf_mixtral(model, self.backend)
         del model  # only HF's copy of the weights stays on the device
@@ -289,15 +298,6 @@ class Variant:
         course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). A
         `step_in_backward` variant: the same AdamW stepped in the backward pass
         (`train.StepInBackward`); with `compiled_adamw` too, one compiled update per layer."""
-        from ..train.loop import (
-            StepInBackward,
-            TrainSettings,
-            compiled_adamw,
-            layer_groups,
-            make_optimizer,
-            make_step_in_backward,
-        )
-
         fused = next(module.parameters()).is_cuda or None
         if (self.step_in_backward or self.compiled_adamw) and kind != "torch_adamw":
             raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer {kind} "
@@ -439,8 +439,6 @@ def _timed_step(module, forward, optimizer, batch):
     """The training loop's own step (`train.train_step`) as the benchmark times it: no gradient
     clipping and no per-step host sync for the divergence guard — the step the committed
     measurements and HF's baseline step are."""
-    from ..train.loop import train_step
-
     return lambda: train_step(module, batch, optimizer, grad_clip=None, forward=forward,
                               guard=False)
 
@@ -448,15 +446,11 @@ def _timed_step(module, forward, optimizer, batch):
 @torch.no_grad()
 def _first_loss(module, forward, inputs, targets) -> float:
     """The loss at the initial weights (nothing of the forward pass outlives this call)."""
-    from ..train.loop import loss_of
-
     return loss_of((forward or module)(inputs, targets)).item()
 
 
 def _random_batch(config, batch: int, seq_len: int, device):
     """Seeded random token ids and their next-token targets (every variant gets the same)."""
-    from ..moe.model import next_token_targets
-
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), generator=gen).to(device)
     return ids, next_token_targets(ids)
@@ -658,10 +652,6 @@ def check_run_arguments(*, device=None, shapes=None, routings=ROUTINGS, train_pr
     """Refuse the arguments `run` would otherwise fail on only after minutes of measuring, or
     replace by its defaults without a word: unknown names, sizes out of range (None: the
     device's default). `run` calls it first; the command line calls it before starting."""
-    from ..moe.config import preset
-    from ..train.data import check_count
-    from ..train.loop import OPTIMIZERS
-
     on_gpu = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cuda"
     for name, value, least in (("batch", batch, 1), ("seq_len", seq_len, 1),
                                ("warmup", warmup, 0), ("iters", iters, 1),
@@ -691,8 +681,6 @@ def run(*, device=None, shapes=None, routings=ROUTINGS, expert=True, train=True,
     """The whole benchmark, sized for the device: Mixtral / fine-grained / small shapes and the
     `mixtral-2l` model (batch 2 × 4096) on a GPU; the `tiny` shape and model on a CPU.
     `train_layers`: the training step's model at another depth (as `train_dist --layers`)."""
-    from ..moe.config import preset
-
     check_run_arguments(device=device, shapes=shapes, routings=routings,
                         train_preset=train_preset, train_variants=train_variants, batch=batch,
                         seq_len=seq_len, warmup=warmup, iters=iters, optimizer=optimizer,
@@ -859,9 +847,6 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
     the experts ran), error. `on_step(label, record)` receives each step's `train` record (step,
     loss, step_ms, ...; e.g. for a `widgets.LiveDashboard`), outside the timing.
     """
-    from ..moe.model import next_token_targets
-    from ..train.loop import TrainingDiverged, TrainSettings, train
-
     if steps < 1 or batch < 1 or seq_len < 2:
         raise ValueError(f"need steps >= 1, batch >= 1, seq_len >= 2; "
                          f"got {steps}, {batch}, {seq_len}")

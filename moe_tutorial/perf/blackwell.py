@@ -30,8 +30,9 @@ from unittest import mock
 import torch
 
 from ..moe import experts
+from ..moe.routing import route
 from ..precision import hardware, recipes
-from . import timing
+from . import bench, timing
 
 SHAPES = {"mixtral": dict(num_experts=8, hidden_size=4096, intermediate_size=14336),
           "fine_grained": dict(num_experts=64, hidden_size=2048, intermediate_size=768)}
@@ -205,8 +206,6 @@ def dry_run(shapes=tuple(SHAPES), log=print) -> dict:
 def validate(log=print, pytest_args=("-m", "gpu", "-q", "-p", "no:cacheprovider")) -> dict:
     """A B200 owner's report: the GPU tests, the fused path in a real forward pass, the dry run,
     one timed training step per variant. What cannot run here is listed with the reason."""
-    from . import bench
-
     caps = hardware.capabilities()
     report = {"environment": timing.environment(), "capabilities": caps.to_dict(), "skipped": {}}
     tests = subprocess.run([sys.executable, "-m", "pytest", *pytest_args],
@@ -235,8 +234,6 @@ def validate(log=print, pytest_args=("-m", "gpu", "-q", "-p", "no:cacheprovider"
 
 def _fused_forward(caps) -> dict:
     """One forward pass of the course's te_ops experts under MXFP8: did TE's fuser fuse?"""
-    from ..moe.routing import route
-
     recipe = recipes.recipe_for(caps, "MXFP8BlockScaling")
     module = _build(SHAPES["mixtral"] | dict(hidden_size=1024, intermediate_size=1024),
                     experts.FUSED_MLP_GLU_INTERLEAVE)

@@ -39,8 +39,10 @@ from pathlib import Path
 
 import torch
 
+from ..moe.config import preset
 from ..train.data import check_count
-from . import widgets
+from . import bench, timing, widgets
+from .step_profile import _cuda_kernels, profiled_steps
 
 AFTER_SYNC = "after a host sync"
 HOST_BEHIND = "host behind"
@@ -233,8 +235,6 @@ def profile(step: Callable[[], object], *, device="cuda", steps: int = 3, warmup
     """Run `step()` (one whole training step) `warmup` times, then `steps` times under
     torch.profiler (`with_stack`: with Python frames, see the module docstring), and attribute
     the GPU's idle gaps (`attribute`)."""
-    from .step_profile import _cuda_kernels, profiled_steps
-
     # Refused before any step runs, with advice for this module (a CPU step has no kernels)
     try:
         dev = torch.device(device)
@@ -264,9 +264,6 @@ def run(variants: Sequence[str], *, preset_name: str = "mixtral-2l", batch: int 
     turn: its unprofiled median step time (`timing.time_fn`), what its experts ran, and its
     `IdleGaps` (`profile`). `on_variant(name, entry)` is called as each one finishes."""
     import gc
-
-    from ..moe.config import preset
-    from . import bench, timing
 
     for name in variants:
         bench.variant(name)  # unknown names refused before any work

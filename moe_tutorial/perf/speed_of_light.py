@@ -41,11 +41,20 @@ from pathlib import Path
 
 import torch
 
-from ..moe.config import MoEConfig
+from ..moe.config import MoEConfig, preset
+from ..moe.model import ATTENTION_BACKENDS
+from ..precision import hardware
 from ..train.data import check_count
-from . import timing
+from . import timing, widgets
 from .bench import COMMITTED_RESULTS, results_path
-from .step_profile import CHAPTER_LABELS, OTHER, StepBreakdown
+from .step_profile import (
+    CHAPTER_LABELS,
+    COURSE_BARS,
+    OTHER,
+    StepBreakdown,
+    breakdown_figure,
+    chapter_breakdowns,
+)
 from .step_profile import PARTS as PROFILER_PARTS
 
 PRECISIONS = ("bf16", "fp8")
@@ -197,8 +206,6 @@ def measure_rates(device, config: MoEConfig, batch: int, seq_len: int, *,
     a GPU with FP8 tensor cores (compute capability >= 8.9); elsewhere the FP8 rates are
     missing, and say why."""
     from torch.nn.attention import sdpa_kernel
-
-    from ..moe.model import ATTENTION_BACKENDS
 
     _check_shape_arguments(config, batch, seq_len)
     dev = torch.device(device)
@@ -654,9 +661,6 @@ def floor_bars(section: dict) -> dict[str, StepBreakdown]:
 def show_against_floor(section: dict, *, title: str) -> None:
     """Stacked bars (each profiled step, then its floor, by part), and one sentence per step:
     its floor over its time, and the parts furthest above their floors."""
-    from . import widgets
-    from .step_profile import breakdown_figure
-
     fig = breakdown_figure(floor_bars(section), title=title)
     if fig is None:
         print("plotly is not installed (pip install plotly): the sentences only.")
@@ -678,9 +682,6 @@ def for_course_bars(bars, *, mode: str, device) -> dict:
     """A `speed_of_light` section for the chapters' bars a notebook just profiled
     (`step_profile.course_bars(..., mode=mode)`): the rates measured now on `device`, the floors
     of the model and batch those bars ran, each bar against its precision's floor."""
-    from ..moe.config import preset
-    from .step_profile import COURSE_BARS
-
     name, batch, seq_len = COURSE_BARS[mode]
     config = preset(name)
     rates = measure_rates(device, config, batch, seq_len)
@@ -711,10 +712,6 @@ def run(*, preset_name: str, batch: int, seq_len: int, device, committed: str | 
     `speed_of_light` section with the `workload` it was computed for), which `bench --merge`
     adds to the report of the training-step run it describes. `layers`: the preset at another
     depth."""
-    from ..moe.config import preset
-    from ..precision import hardware
-    from .step_profile import chapter_breakdowns
-
     config = preset(preset_name, layers=layers)
     # Transformer Engine is imported (and what this process can run decided) before anything is
     # measured: a chapter that needs TE and does not get it is skipped or runs its PyTorch

@@ -49,8 +49,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..moe.config import PRESETS, preset
+from ..precision import hardware
 from ..train.data import check_count
 from . import widgets
+from .bench import Variant, _random_batch, _timed_step
+from .timing import reset_memory
 
 IDLE = "launch gaps / idle"
 OTHER = "other"
@@ -422,8 +426,6 @@ def profile_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     times it: no clipping, no host sync) on `batches`: one (inputs, targets) batch or a list of
     them, used in turn. `forward`: as `train.train_step` takes it (HF models). The breakdown's
     `path` says what the experts ran (our model)."""
-    from .bench import _timed_step
-
     if isinstance(batches, tuple) and len(batches) == 2 and all(
             isinstance(t, torch.Tensor) for t in batches):
         batches = [batches]
@@ -552,8 +554,6 @@ class ChapterBars:
 def _chapter_variant(chapter: str, te_on_gpu: bool):
     """The bench.Variant of a single-process chapter. The grouped chapter runs TE's
     GroupedLinear where TE runs (a GPU), torch._grouped_mm elsewhere."""
-    from .bench import Variant
-
     label = CHAPTER_LABELS[chapter]
     return {"naive": Variant(label, "naive"),
             "grouped": Variant(label, "te_grouped_linear" if te_on_gpu else "grouped_torch"),
@@ -574,10 +574,6 @@ def chapter_breakdowns(cfg, *, upto: str, device, batch: int = 4, seq_len: int =
     Expert parallelism runs in torchrun processes (`train_dist --mode bench --breakdown`);
     `launch` is `train_dist.launch` (passed in: train_dist imports this module); rank 0's
     breakdown is shown. It needs `cfg` to be one of `config.PRESETS` (any dtype)."""
-    from ..precision import hardware
-    from .bench import _random_batch
-    from .timing import reset_memory
-
     if upto not in CHAPTERS:
         raise ValueError(f"upto={upto!r} is not a chapter; choose one of {CHAPTERS}")
     check_count("batch", batch)
@@ -625,8 +621,6 @@ def course_bars(upto: str, *, mode: str, device,
                 launch: Callable[..., dict] | None = None) -> ChapterBars:
     """`chapter_breakdowns` at the course's sizes for `mode` (`COURSE_BARS`), so that every
     notebook draws the same bars: bf16 on a GPU, fp32 on a CPU."""
-    from ..moe.config import preset
-
     if mode not in COURSE_BARS:
         raise ValueError(f"mode={mode!r}: choose one of {sorted(COURSE_BARS)}")
     name, batch, seq_len = COURSE_BARS[mode]
@@ -642,8 +636,6 @@ def _expert_parallel_backend(te_on_gpu: bool) -> str:
 
 def _preset_name(cfg) -> str | None:
     """The preset `cfg` is (its dtype aside: train_dist picks the dtype per device), or None."""
-    from ..moe.config import PRESETS
-
     return next((name for name, p in PRESETS.items()
                  if p.with_overrides(dtype=cfg.dtype) == cfg), None)
 

@@ -35,7 +35,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -44,11 +43,25 @@ from torch.distributed.tensor import DTensor
 from .. import safe_io
 from ..moe import routing
 from ..moe.config import DTYPES, MoEConfig, preset
-from ..moe.experts import TORCH_BACKENDS
+from ..moe.experts import TE_BACKENDS, TORCH_BACKENDS
 from ..moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
-from ..parallel import distributed
+from ..parallel import dist_checkpoint, distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
+from ..parallel.sharded_init import load_hf_shards
 from ..precision.quant import rel_error
+from ..train.checkpoint import check_directory, check_same_run
+from ..train.data import load_protein_data
+from ..train.loop import (
+    TrainingDiverged,
+    TrainSettings,
+    _settings_dict,
+    check_learned,
+    evaluate,
+    make_optimizer,
+    train_step,
+)
+from ..train.loop import train as train_loop
+from . import memory
 from .timing import allocator_retries, environment, time_fn
 
 
@@ -136,8 +149,6 @@ def from_hf_checkpoint(args, config, layout, device, compute: torch.dtype,
     directory), no rank ever holding it whole: built on the meta device (no storage), its
     experts sharded over ep and everything under FSDP2, then each rank allocates only its own
     shards and reads only their rows from the safetensors files (`sharded_init`)."""
-    from ..parallel.sharded_init import load_hf_shards
-
     if args.engine != "fsdp2" or args.backend not in TORCH_BACKENDS:
         raise ValueError(f"--hf-checkpoint loads into FSDP2 shards of stacked experts: use "
                          f"--engine fsdp2 and --backend {' or '.join(TORCH_BACKENDS)}, not "
@@ -286,9 +297,6 @@ def predicted_peak_gib(config, *, batch: int, seq_len: int, dp: int, ep: int, en
     """What `memory.predict` expects one GPU of a bench run to peak at, in GiB, to set beside the
     measured peak (the HF baseline, `backend` HF_BASELINE, as our model with its shapes and
     grouped_torch experts). None for FP8 without TE experts: such a run stops before its step."""
-    from ..moe.experts import TE_BACKENDS
-    from . import memory
-
     backend = backend if backend in memory.BACKENDS else "grouped_torch"
     if precision != "bf16" and backend not in TE_BACKENDS:
         return None
@@ -303,8 +311,6 @@ def bench(args, device) -> dict:
     `--model hf`: the HF baseline instead of ours, data parallel only (same engine, same
     optimizer, same batches)."""
     from torch.profiler import ProfilerActivity, profile
-
-    from ..train.loop import TrainSettings, make_optimizer, train_step
 
     if args.model == "hf":
         check_hf_args(args)
@@ -373,10 +379,6 @@ def train(args, device) -> dict:
     """Expert-parallel training on the shipped protein data with the course's loop
     (`train.train`): each rank its own batches, the gradients those of the global batch (the
     engine's reduction), clipped by the whole model's norm."""
-    from ..train.data import load_protein_data
-    from ..train.loop import check_learned, evaluate
-    from ..train.loop import train as train_loop
-
     rank, world = dist.get_rank(), dist.get_world_size()
     config = model_config(args)
     compute, state = dtypes(args, config)
@@ -426,7 +428,6 @@ MODES = {"check": check, "bench": bench, "train": train}
 
 def train_settings(args):
     """The training settings of `--mode train`, the same on every rank."""
-    from ..train.loop import TrainSettings
 
     return TrainSettings(steps=args.steps, batch_size=args.batch, lr=args.lr,
                          warmup_steps=max(1, args.steps // 10), eval_every=0)
@@ -437,9 +438,6 @@ def check_run_arguments(args: argparse.Namespace) -> None:
     unwritable or a dangling link, held by another run, holding another run's checkpoints
     without --resume, or (--resume) holding a checkpoint saved with other settings. A
     ValueError (`checkpoint.CheckpointError`, `safe_io.FolderBusy`) whose message names the fix."""
-    from ..parallel import dist_checkpoint
-    from ..train.checkpoint import check_directory, check_same_run
-    from ..train.loop import _settings_dict
 
     if args.mode != "train" or not args.checkpoint_dir:
         return
@@ -528,7 +526,6 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = _setup()
-    from ..train.loop import TrainingDiverged
 
     try:
         try:

@@ -799,7 +799,7 @@ class SkewExplorer:
                  *, ep: int | Sequence[int] | None = None, alignments: Sequence[int] | None = None,
                  device="cpu", dtype=None, default_skew: float = 0.0, step: float = 0.05,
                  iters: int = 5, live: bool = True):
-        from . import skew
+        from . import skew  # skew imports torch; tables load without it
 
         self.tokens, self.num_experts, self.top_k = tokens, num_experts, top_k
         self.hidden, self.intermediate = hidden, intermediate
@@ -829,7 +829,7 @@ class SkewExplorer:
 
     # --- numbers ---------------------------------------------------------------------------
     def _routing_costs(self, splits: list[int]) -> dict:
-        from . import skew
+        from . import skew  # skew imports torch; tables load without it
 
         return {"splits": splits, "padding": skew.padding_waste(splits, self.alignments),
                 "stragglers": {size: skew.straggler_wait(splits, size) for size in self.eps}}
@@ -838,7 +838,7 @@ class SkewExplorer:
         """Everything the explorer shows at `skew_value` (cached): "skew", "splits", "padding"
         (per alignment), "stragglers" (per ep), "gemm" (`skew.grouped_gemm_efficiency`), and
         "balanced": the splits, padding and stragglers of balanced routing."""
-        from . import skew
+        from . import skew  # skew imports torch; tables load without it
 
         key = round(float(skew_value), 6)
         if key not in self.results:

@@ -1,8 +1,10 @@
 """moe_tutorial: the support package of the course "Training Mixture-of-Experts models fast with
 NVIDIA Transformer Engine".
 
-One concern per module (see docs/package.md for the map):
-config → hardware → routing / experts → model → data / train → (bench, widgets, course).
+One sub-package per concern, each importing only from those before it (docs/package.md):
+precision → moe → train → parallel → perf → course, and the command line (`cli`). The model
+the course teaches is `moe`: `moe.model.MoEForCausalLM`, its router in `moe.routing`, its experts
+in `moe.experts` (`naive_experts`, the reference loop, first among the backends).
 Notebooks import from here; the package never imports notebook code.
 """
 

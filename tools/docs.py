@@ -122,7 +122,8 @@ def _peak_text(report: dict, kind: str) -> str:
     measured, datasheet = _peaks(report, kind)
     if measured is None and datasheet is None:
         return "not measured in this run"
-    show = lambda v: "not measured" if v is None else f"{v:,.0f}"
+    def show(v):
+        return "not measured" if v is None else f"{v:,.0f}"
     return f"{show(measured)} TFLOP/s measured / {show(datasheet)} datasheet"
 
 
@@ -706,15 +707,18 @@ def h200_profile() -> str:
     report = _load("h200.json")
     text = (RESULTS / "h200.txt").read_text()
     variant, steps = re.search(r"^profile of (\S+), (\d+) steps$", text, re.MULTILINE).groups()
-    per_step = lambda *names: sum(_profile_ms(text, n) for n in names) / int(steps)
+    def per_step(*names):
+        return sum(_profile_ms(text, n) for n in names) / int(steps)
     adamw = per_step("Optimizer.step#AdamW.step")
     mlp = per_step("_OperationFuserAutogradFunction", "_OperationFuserAutogradFunctionBackward")
     train = _printed_train_rows(text)
     ours = train[variant][0] - adamw
     config, _ = _train_config(report)
     hf_memory = train["hf_grouped_mm"][1]
-    ratio = lambda name: (train[name][0] - adamw) / ours
-    memory = lambda name: train[name][1] / hf_memory
+    def ratio(name):
+        return (train[name][0] - adamw) / ours
+    def memory(name):
+        return train[name][1] / hf_memory
     return (
         f"Where the time goes (torch.profiler over {steps} steps of `{variant}`, in "
         f"{_link('h200.txt')}): the te.ops expert MLPs take {mlp:.1f} ms per step (forward + "

@@ -184,7 +184,9 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
             experts = (convert_experts(base, module_backend) if backend != "naive" else base)
             recipe = None
-            if precision != "bf16":
+            from .experts import SELF_QUANTIZING_BACKENDS
+
+            if precision != "bf16" and module_backend not in SELF_QUANTIZING_BACKENDS:
                 choice = recipes.recipe_for(caps, precision)
                 recipe = choice.build()  # the TE experts read it, and its alignment, from autocast
             x = hidden.detach().clone().requires_grad_()
@@ -252,6 +254,9 @@ class Variant:
     compiled_loss: bool = False
     # AdamW's step compiled (`train.compiled_adamw`): generic, so HF gets it too
     compiled_adamw: bool = False
+    # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
+    # graph (`sync_free.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
+    graphed: bool = False
 
     @property
     def changes(self) -> bool:
@@ -272,8 +277,12 @@ class Variant:
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:
+            from .experts import SELF_QUANTIZING_BACKENDS
+
             model.set_expert_backend(self.backend)
-            model.set_precision(self.precision)
+            # A self-quantizing backend runs its own FP8 GEMMs in a bf16 model (no te.autocast)
+            model.set_precision("bf16" if self.backend in SELF_QUANTIZING_BACKENDS
+                                else self.precision)
             model.compiled_loss = self.compiled_loss
             return model, None  # train_step's default: model(inputs, targets)
         from .hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
@@ -298,6 +307,13 @@ class Variant:
             make_step_in_backward,
         )
 
+        if self.graphed:
+            from .sync_free import capturable_adamw
+
+            if kind != "torch_adamw":
+                raise ValueError(f"variant {self.name} runs a capturable AdamW; --optimizer "
+                                 f"{kind} does not apply to it")
+            return capturable_adamw(module, lr)
         fused = next(module.parameters()).is_cuda or None
         if (self.step_in_backward or self.compiled_adamw) and kind != "torch_adamw":
             raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer {kind} "
@@ -351,11 +367,27 @@ VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, i
             step_in_backward=True),
     Variant("ours_te_ops_fp8_compiled_step_in_backward", "te_ops", "fp8", compiled_loss=True,
             compiled_adamw=True, step_in_backward=True),
+    # No host read in the step (`sync_free`): eager, then the whole step in one CUDA graph (with
+    # gradient clipping, which the eager steps above leave out); FP8: the experts' GEMMs through
+    # torch's row-wise scaled grouped GEMM, the rest of the model in bf16
+    Variant("ours_sync_free_bf16", "sync_free"),
+    Variant("ours_sync_free_bf16_graphed", "sync_free", graphed=True),
+    Variant("ours_sync_free_bf16_graphed_compiled_loss", "sync_free", graphed=True,
+            compiled_loss=True),
+    Variant("ours_sync_free_fp8", "sync_free_fp8", "fp8"),
+    Variant("ours_sync_free_fp8_graphed", "sync_free_fp8", "fp8", graphed=True),
+    Variant("ours_sync_free_fp8_graphed_compiled_loss", "sync_free_fp8", "fp8", graphed=True,
+            compiled_loss=True),
 )}
-CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items() if v.changes)
+# The sync-free steps: named on the command line (`--train-variants`), beside the ladder
+SYNC_FREE_VARIANTS = tuple(name for name, v in VARIANTS.items()
+                           if v.backend.startswith("sync_free"))
+CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items()
+                           if v.changes and name not in SYNC_FREE_VARIANTS)
 # The course's ladder, from HF's baselines to our fastest step: what `bench` runs by default and
 # notebook 06 shows
-TRAIN_VARIANTS = tuple(name for name in VARIANTS if name not in CANDIDATE_VARIANTS)
+TRAIN_VARIANTS = tuple(name for name in VARIANTS
+                       if name not in CANDIDATE_VARIANTS + SYNC_FREE_VARIANTS)
 # What `bench` runs after the ladder on a GPU: the fastest steps measured beyond it (the
 # torch.compile candidates together, bf16 and FP8) and HF's compiled step with the same generic
 # technique (AdamW compiled), so the summary's best step and its fair twin come from one run
@@ -435,14 +467,47 @@ def _classify_error(exc: Exception) -> dict:
     return dict(status="error", error=message)
 
 
-def _timed_step(module, forward, optimizer, batch):
+def _timed_step(module, forward, optimizer, batch, graphed: bool = False):
     """The training loop's own step (`train.train_step`) as the benchmark times it: no gradient
     clipping and no per-step host sync for the divergence guard — the step the committed
-    measurements and HF's baseline step are."""
+    measurements and HF's baseline step are. `graphed`: the whole step, gradient clipping
+    included, replayed from one CUDA graph (`sync_free.GraphedTrainStep`; its first calls run
+    eagerly, then it captures: the benchmark's warm-up calls)."""
     from .train import train_step
 
+    if graphed:
+        from .sync_free import GraphedTrainStep
+
+        step = GraphedTrainStep(module, optimizer, grad_clip=1.0, forward=forward)
+        return lambda: step(batch)
     return lambda: train_step(module, batch, optimizer, grad_clip=None, forward=forward,
                               guard=False)
+
+
+def _sync_record(step, on_gpu: bool, graphed: bool) -> dict:
+    """How many times one more call of the (warmed-up) step makes the host wait for the GPU, and
+    where (torch's sync debug mode: `sync_free.count_host_syncs`); for a graphed step also
+    whether a call passes with that mode raising on the first sync."""
+    if not on_gpu:
+        return {}
+    from collections import Counter
+
+    from .sync_free import count_host_syncs
+
+    count, places = count_host_syncs(step)
+    record = {"host_syncs_per_step": count,
+              "host_sync_places": dict(Counter(places).most_common(12))}
+    if graphed:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            record["sync_debug_mode_error"] = "passed"
+        except RuntimeError as exc:
+            record["sync_debug_mode_error"] = f"raised: {exc}"[:300]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+    return record
 
 
 @torch.no_grad()
@@ -491,8 +556,8 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                 row["status"] = "wrong"
             else:
                 retries = allocator_retries(device)
-                t = time_fn(_timed_step(module, forward, opt, (inputs, targets)),
-                            warmup=warmup, iters=iters, device=device)
+                step = _timed_step(module, forward, opt, (inputs, targets), v.graphed)
+                t = time_fn(step, warmup=warmup, iters=iters, device=device)
                 tokens_per_s = tokens / (t.median_ms / 1e3)
                 row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
                            tokens_per_s=tokens_per_s, tflops=tflops(flops_per_step, t.median_ms),
@@ -501,6 +566,9 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                     row["allocator_retries"] = allocator_retries(device) - retries
                 if not v.hf:
                     row["path"] = module.expert_paths()[0]
+                if v.graphed:
+                    row["grad_clip"] = 1.0
+                row.update(_sync_record(step, torch.device(device).type == "cuda", v.graphed))
         except torch.cuda.OutOfMemoryError:
             row["status"] = "OOM"
         except Exception as exc:

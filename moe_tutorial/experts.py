@@ -77,7 +77,7 @@ FUSED_MLP_ROWS_PER_EXPERT, FUSED_MLP_TOTAL_ROWS_MULTIPLE = 256, 128
 FUSED_MLP_RECIPES = ("MXFP8BlockScaling", "NVFP4BlockScaling")  # the recipes the fuser accepts
 
 # The backends on `ExpertMLP`'s stacked weights, then those with TE's own per-expert parameters
-TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm")
+TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm", "sync_free", "sync_free_fp8")
 TE_BACKENDS = ("te_grouped_linear", "te_ops")
 EXPERT_BACKENDS = TORCH_BACKENDS + TE_BACKENDS
 
@@ -286,9 +286,32 @@ def check_expert_inputs(experts: nn.Module, hidden: torch.Tensor, indices: torch
     check_expert_indices(indices, experts.num_experts)
 
 
+def sync_free_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tensor,
+                      weights: torch.Tensor) -> torch.Tensor:
+    """No host read: a row buffer sized by the shapes and `torch._grouped_mm` with device
+    offsets (`sync_free.sync_free_experts`), so the step can be captured in a CUDA graph."""
+    from .sync_free import sync_free_experts as run
+
+    return run(experts, hidden, indices, weights)
+
+
+def sync_free_fp8_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tensor,
+                          weights: torch.Tensor) -> torch.Tensor:
+    """`sync_free_experts` with FP8 GEMMs (`torch._scaled_grouped_mm`, row-wise scales): the
+    backend quantizes its own operands, under no TE recipe (`SELF_QUANTIZING_BACKENDS`)."""
+    from .sync_free import sync_free_experts as run
+
+    return run(experts, hidden, indices, weights, fp8=True)
+
+
+# Backends that run FP8 GEMMs of their own in a bf16 model (no te.autocast around them)
+SELF_QUANTIZING_BACKENDS = ("sync_free_fp8",)
+
 ExpertBackend = Callable[["ExpertMLP", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BACKENDS: dict[str, ExpertBackend] = {"naive": naive_experts, "grouped_torch": grouped_torch_experts,
-                                      "te_permute_grouped_mm": te_permute_grouped_mm_experts}
+                                      "te_permute_grouped_mm": te_permute_grouped_mm_experts,
+                                      "sync_free": sync_free_experts,
+                                      "sync_free_fp8": sync_free_fp8_experts}
 
 
 class ExpertMLP(nn.Module):

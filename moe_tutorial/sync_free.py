@@ -125,8 +125,10 @@ def quantize_rowwise(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def _compiled_quantize_rowwise():
     # One generated kernel per shape instead of six elementwise passes and a reduction; the
-    # step's shapes are static, so each compiles once
-    return torch.compile(quantize_rowwise, dynamic=False)
+    # step's shapes are static, so each compiles once. Detached inputs: the quantized values
+    # need no gradient, and one traced graph serves a tensor whether it requires one or not.
+    compiled = torch.compile(quantize_rowwise, dynamic=False)
+    return lambda t: compiled(t.detach())
 
 
 def scaled_gemm_path(device: torch.device) -> str:

@@ -31,7 +31,7 @@ def main() -> None:
     parser.add_argument("--expert-backends", nargs="*", default=[
         "naive:bf16", "te_permute_grouped_mm:bf16", "sync_free:bf16",
         "te_ops:Float8CurrentScaling", "te_grouped_linear:Float8CurrentScaling",
-        "sync_free_fp8:fp8_rowwise"], help="backend:precision pairs; the first is the reference")
+        "sync_free_fp8:fp8_rowwise", "sync_free_fp8_wgrad:fp8_rowwise"], help="backend:precision pairs; the first is the reference")
     parser.add_argument("--train-variants", nargs="*", default=[])
     parser.add_argument("--curve-variants", nargs="*", default=[])
     parser.add_argument("--curve-steps", type=int, default=80)

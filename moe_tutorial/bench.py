@@ -378,6 +378,9 @@ VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, i
     Variant("ours_sync_free_fp8_graphed", "sync_free_fp8", "fp8", graphed=True),
     Variant("ours_sync_free_fp8_graphed_compiled_loss", "sync_free_fp8", "fp8", graphed=True,
             compiled_loss=True),
+    Variant("ours_sync_free_fp8_wgrad_graphed", "sync_free_fp8_wgrad", "fp8", graphed=True),
+    Variant("ours_sync_free_fp8_wgrad_graphed_compiled_loss", "sync_free_fp8_wgrad", "fp8",
+            graphed=True, compiled_loss=True),
 )}
 # The sync-free steps: named on the command line (`--train-variants`), beside the ladder
 SYNC_FREE_VARIANTS = tuple(name for name, v in VARIANTS.items()

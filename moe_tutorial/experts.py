@@ -77,7 +77,8 @@ FUSED_MLP_ROWS_PER_EXPERT, FUSED_MLP_TOTAL_ROWS_MULTIPLE = 256, 128
 FUSED_MLP_RECIPES = ("MXFP8BlockScaling", "NVFP4BlockScaling")  # the recipes the fuser accepts
 
 # The backends on `ExpertMLP`'s stacked weights, then those with TE's own per-expert parameters
-TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm", "sync_free", "sync_free_fp8")
+TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm", "sync_free", "sync_free_fp8",
+                  "sync_free_fp8_wgrad")
 TE_BACKENDS = ("te_grouped_linear", "te_ops")
 EXPERT_BACKENDS = TORCH_BACKENDS + TE_BACKENDS
 
@@ -304,14 +305,23 @@ def sync_free_fp8_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: tor
     return run(experts, hidden, indices, weights, fp8=True)
 
 
+def sync_free_fp8_wgrad_experts(experts: ExpertMLP, hidden: torch.Tensor, indices: torch.Tensor,
+                                weights: torch.Tensor) -> torch.Tensor:
+    """`sync_free_fp8_experts` with the weight gradients' GEMMs in FP8 too."""
+    from .sync_free import sync_free_experts as run
+
+    return run(experts, hidden, indices, weights, fp8=True, fp8_weight_gradient=True)
+
+
 # Backends that run FP8 GEMMs of their own in a bf16 model (no te.autocast around them)
-SELF_QUANTIZING_BACKENDS = ("sync_free_fp8",)
+SELF_QUANTIZING_BACKENDS = ("sync_free_fp8", "sync_free_fp8_wgrad")
 
 ExpertBackend = Callable[["ExpertMLP", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BACKENDS: dict[str, ExpertBackend] = {"naive": naive_experts, "grouped_torch": grouped_torch_experts,
                                       "te_permute_grouped_mm": te_permute_grouped_mm_experts,
                                       "sync_free": sync_free_experts,
-                                      "sync_free_fp8": sync_free_fp8_experts}
+                                      "sync_free_fp8": sync_free_fp8_experts,
+                                      "sync_free_fp8_wgrad": sync_free_fp8_wgrad_experts}
 
 
 class ExpertMLP(nn.Module):

@@ -153,15 +153,51 @@ def _scaled_grouped_mm(a_q, a_scale, b_q, b_scale, offsets, out_dtype):
     return torch._grouped_mm(a, b.transpose(-2, -1), offs=offsets)
 
 
+def quantize_columns_per_expert(t: torch.Tensor, offsets: torch.Tensor
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """E4M3 values of t [R, C] with one scale per (expert, column), over that expert's rows
+    (`offsets`: the experts' row ends), returned transposed, row-major: (q [C, R], dequantization
+    scales [E·C], expert-major), the operand layout of the weight-gradient GEMM, whose ragged
+    dimension is the rows. No host read: each row's expert comes from `searchsorted`."""
+    num_experts, num_rows = offsets.numel(), t.shape[0]
+    rows = torch.arange(num_rows, device=t.device, dtype=offsets.dtype)
+    expert_of_row = torch.searchsorted(offsets, rows, right=True).clamp_(max=num_experts - 1)
+    magnitude = t.abs().float()
+    amax = magnitude.new_zeros(num_experts, t.shape[1]).index_reduce_(0, expert_of_row, magnitude,
+                                                                       "amax")
+    scale = FP8_MAX / amax.clamp(min=AMAX_FLOOR)
+    q = (t.float() * scale[expert_of_row]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.t().contiguous(), scale.reciprocal().reshape(-1)
+
+
+def _scaled_weight_gradient(grad_out: torch.Tensor, x: torch.Tensor,
+                            offsets: torch.Tensor) -> torch.Tensor:
+    """dW[e] = dy[rows of e]^T x[rows of e] [E, N, K] with FP8 operands scaled per (expert,
+    column): the 2-D × 2-D form of the scaled grouped GEMM (ragged rows)."""
+    g_q, g_scale = quantize_columns_per_expert(grad_out, offsets)  # [N, R]
+    x_q, x_scale = quantize_columns_per_expert(x, offsets)  # [K, R]
+    if scaled_gemm_path(x.device) == "torch._scaled_grouped_mm":
+        return torch._scaled_grouped_mm(g_q, x_q.t(), g_scale, x_scale, offs=offsets,
+                                        out_dtype=x.dtype)
+    num_experts, num_rows = offsets.numel(), x.shape[0]
+    rows = torch.arange(num_rows, device=x.device, dtype=offsets.dtype)
+    expert_of_row = torch.searchsorted(offsets, rows, right=True).clamp_(max=num_experts - 1)
+    g = g_q.float() * g_scale.view(num_experts, -1)[expert_of_row].t()
+    xs = x_q.float() * x_scale.view(num_experts, -1)[expert_of_row].t()
+    return torch._grouped_mm(g.to(x.dtype), xs.t().to(x.dtype), offs=offsets)
+
+
 class ScaledGroupedLinear(torch.autograd.Function):
     """`grouped_linear` with FP8 (E4M3) operands and row-wise scales: forward y = x w^T and the
-    input gradient dy w in FP8, the weight gradient dy^T x in the input dtype (see the module
-    doc). Saves x and w as they are (no FP8 copies outlive the forward pass)."""
+    input gradient dy w in FP8; the weight gradient dy^T x in the input dtype, or with
+    `fp8_weight_gradient` in FP8 too (scales per expert and column,
+    `quantize_columns_per_expert`). Saves x and w as they are (no FP8 copies outlive the
+    forward pass)."""
 
     @staticmethod
-    def forward(ctx, x, w, offsets, quantize):
+    def forward(ctx, x, w, offsets, quantize, fp8_weight_gradient=False):
         ctx.save_for_backward(x, w, offsets)
-        ctx.quantize = quantize
+        ctx.quantize, ctx.fp8_weight_gradient = quantize, fp8_weight_gradient
         x_q, x_scale = quantize(x)
         w_q, w_scale = quantize(w)  # one scale per (expert, output feature), over the inputs
         return _scaled_grouped_mm(x_q, x_scale, w_q, w_scale, offsets, x.dtype)
@@ -176,12 +212,15 @@ class ScaledGroupedLinear(torch.autograd.Function):
             # dx = dy w: w^T [E, K, N] in rows, one scale per (expert, input feature)
             wt_q, wt_scale = ctx.quantize(w.transpose(-2, -1).contiguous())
             grad_x = _scaled_grouped_mm(g_q, g_scale, wt_q, wt_scale, offsets, x.dtype)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.fp8_weight_gradient:
+            grad_w = _scaled_weight_gradient(grad_out, x, offsets)
+        elif ctx.needs_input_grad[1]:
             grad_w = torch._grouped_mm(grad_out.t(), x, offs=offsets)  # [E, N, K]
-        return grad_x, grad_w, None, None
+        return grad_x, grad_w, None, None, None
 
 
-def scaled_grouped_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+def scaled_grouped_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor,
+                          fp8_weight_gradient: bool = False) -> torch.Tensor:
     """`grouped_linear` in FP8 (`ScaledGroupedLinear`); every expert's row count must be a
     multiple of `FP8_ROW_ALIGNMENT` (`permute_static(..., align=FP8_ROW_ALIGNMENT)` builds them)."""
     from .experts import _grouped_mm_unusable
@@ -191,25 +230,33 @@ def scaled_grouped_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tenso
         raise ValueError(f"the sync-free FP8 experts need torch._grouped_mm for the weight "
                          f"gradient, which cannot run here: {reason}")
     quantize = _compiled_quantize_rowwise() if x.is_cuda else quantize_rowwise
-    return ScaledGroupedLinear.apply(x, w, offsets, quantize)
+    return ScaledGroupedLinear.apply(x, w, offsets, quantize, fp8_weight_gradient)
 
 
 def sync_free_experts(experts, hidden: torch.Tensor, indices: torch.Tensor,
-                      weights: torch.Tensor, *, fp8: bool = False) -> torch.Tensor:
+                      weights: torch.Tensor, *, fp8: bool = False,
+                      fp8_weight_gradient: bool = False) -> torch.Tensor:
     """The experts of `ExpertMLP` with no host read: `permute_static`, two grouped GEMMs with
-    device offsets (`fp8`: `scaled_grouped_linear`), SwiGLU between them, `routing.unpermute`
-    applying the routing weights."""
+    device offsets (`fp8`: `scaled_grouped_linear`, its weight gradient in FP8 too with
+    `fp8_weight_gradient`), SwiGLU between them, `routing.unpermute` applying the routing
+    weights."""
     from .experts import swiglu
 
     align = FP8_ROW_ALIGNMENT if fp8 else 1
     rows, perm = permute_static(hidden, indices, experts.num_experts, align)
     offsets = perm.offsets
-    gemm = scaled_grouped_linear if fp8 else grouped_linear
+    if fp8:
+        def gemm(x, w, offs):
+            return scaled_grouped_linear(x, w, offs, fp8_weight_gradient)
+    else:
+        gemm = grouped_linear
     h = gemm(rows, experts.gate_up_proj, offsets)
     y = gemm(swiglu(h), experts.down_proj, offsets)
     path = scaled_gemm_path(hidden.device) if fp8 else "torch._grouped_mm"
+    wgrad = (" (weight gradient FP8)" if fp8_weight_gradient else " (weight gradient bf16)"
+             if fp8 else "")
     experts.last_path = (f"permute_static ({perm.num_rows} rows, align {align}) → {path} → "
-                         f"SwiGLU → {path}")
+                         f"SwiGLU → {path}{wgrad}")
     return unpermute(y, perm, weights)
 
 

@@ -81,12 +81,14 @@ def _outputs_and_grads(module, x, indices, weights):
     return out, x.grad, w.grad, *grads
 
 
-@pytest.mark.parametrize("backend, tolerance", [("sync_free", 1e-5), ("sync_free_fp8", 0.08)])
+@pytest.mark.parametrize("backend, tolerance", [("sync_free", 1e-5), ("sync_free_fp8", 0.15),
+                                                ("sync_free_fp8_wgrad", 0.15)])
 @pytest.mark.parametrize("skew", [False, True])
 def test_sync_free_experts_match_the_loop(backend, tolerance, skew):
     """Output and every gradient (input, routing weights, both projections) against the naive
     loop: fp32 arithmetic exactly up to summation order, FP8 (emulated here: the same quantized
-    operands) within E4M3's rounding."""
+    operands) within the benchmark's FP8 tolerance (`bench.TOLERANCE`: E4M3's rounding of both
+    operands, ~5% a GEMM, more where an expert's few rows are the sum's only terms)."""
     ref, x, weights, indices = _experts_problem(skew=skew)
     expected = _outputs_and_grads(ref, x, indices, weights)
     ours = convert_experts(ref, backend)
@@ -95,7 +97,7 @@ def test_sync_free_experts_match_the_loop(backend, tolerance, skew):
     got = _outputs_and_grads(ours, x, indices, weights)
     for name, a, b in zip(("out", "d_x", "d_weights", "d_gate_up", "d_down"), got, expected):
         assert _relerr(a, b) < tolerance, f"{backend} {name}: {_relerr(a, b):.2e}"
-    assert ("emulated" in ours.last_path) == (backend == "sync_free_fp8")
+    assert ("emulated" in ours.last_path) == backend.startswith("sync_free_fp8")
 
 
 def test_fp8_rows_are_quantized_per_row():
@@ -133,7 +135,7 @@ def _meta_step(backend):
     return lambda: train_step_body(model, (ids, next_token_targets(ids)), params, optimizer, 1.0)
 
 
-@pytest.mark.parametrize("backend", ["sync_free", "sync_free_fp8"])
+@pytest.mark.parametrize("backend", ["sync_free", "sync_free_fp8", "sync_free_fp8_wgrad"])
 def test_the_sync_free_step_reads_nothing_on_the_host(backend):
     """The whole step (forward, backward, clipping, AdamW) of the benchmark's model with the
     sync-free experts on the meta device with every host-read entry point refused: a host read
@@ -171,6 +173,20 @@ def test_the_detector_refuses_each_entry_point_and_restores_it():
     assert host.sum().item() == 3
 
 
+def test_weight_gradient_scales_are_per_expert_and_column():
+    """Expert 1's rows 100x larger than expert 0's: each expert's columns get their own scale,
+    and dequantizing gives back every row within E4M3's rounding."""
+    offsets = torch.tensor([16, 48, 48, 64], dtype=torch.int32)  # expert 2 has no rows
+    t = torch.randn(64, 8)
+    t[16:48] *= 100
+    q, scale = sync_free.quantize_columns_per_expert(t, offsets)
+    assert q.shape == (8, 64) and scale.shape == (4 * 8,)
+    expert = torch.tensor([0] * 16 + [1] * 32 + [3] * 16)
+    back = q.float().t() * scale.view(4, 8)[expert]
+    for lo, hi in ((0, 16), (16, 48), (48, 64)):
+        assert _relerr(back[lo:hi], t[lo:hi]) < 0.05
+
+
 def test_fp8_alignment_is_what_the_kernel_needs():
     assert FP8_ROW_ALIGNMENT == 16
     assert static_rows(10, 2, 4, 16) % 16 == 0
@@ -189,7 +205,8 @@ def _gpu_problem(E=8, H=256, I=512, T=1024, k=2, skew=False):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend, tolerance", [("sync_free", 2e-2), ("sync_free_fp8", 0.15)])
+@pytest.mark.parametrize("backend, tolerance", [("sync_free", 2e-2), ("sync_free_fp8", 0.15),
+                                                ("sync_free_fp8_wgrad", 0.15)])
 @pytest.mark.parametrize("skew", [False, True])
 def test_gpu_sync_free_experts_match_the_loop(backend, tolerance, skew):
     """bf16 and FP8 (torch._scaled_grouped_mm on Hopper) against the loop: the benchmark's
@@ -203,12 +220,12 @@ def test_gpu_sync_free_experts_match_the_loop(backend, tolerance, skew):
     for name, a, b in zip(("out", "d_x", "d_weights", "d_gate_up", "d_down"), got, expected):
         assert torch.isfinite(a).all(), f"{backend} {name} not finite"
         assert _relerr(a, b) < tolerance, f"{backend} {name}: {_relerr(a, b):.2e}"
-    if backend == "sync_free_fp8" and torch.cuda.get_device_capability()[0] == 9:
+    if backend != "sync_free" and torch.cuda.get_device_capability()[0] == 9:
         assert "torch._scaled_grouped_mm" in ours.last_path
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["sync_free", "sync_free_fp8"])
+@pytest.mark.parametrize("backend", ["sync_free", "sync_free_fp8", "sync_free_fp8_wgrad"])
 def test_gpu_graphed_step_has_no_host_sync_and_trains_like_eager(backend):
     """The graphed step of a small model: replays under sync debug mode "error" pass, and its
     losses follow the eager steps' on the same batches from the same weights."""
@@ -237,7 +254,7 @@ def test_gpu_graphed_step_has_no_host_sync_and_trains_like_eager(backend):
             else:
                 run.append(step(batch).clone())
         losses[graphed] = torch.stack(run).float().cpu()
-    tolerance = 0.05 if backend == "sync_free_fp8" else 0.02
+    tolerance = 0.02 if backend == "sync_free" else 0.05
     assert (losses[True] - losses[False]).abs().max() < tolerance, losses
     count, places = sync_free.count_host_syncs(lambda: step(batch))
     assert count == 0, places

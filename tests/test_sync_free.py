@@ -146,6 +146,18 @@ def test_the_sync_free_step_reads_nothing_on_the_host(backend):
     assert loss.shape == ()
 
 
+@pytest.mark.parametrize("backend", ["sync_free_fp8", "sync_free_fp8_wgrad"])
+def test_fp8_operands_meet_the_scaled_grouped_gemm_contract(monkeypatch, backend):
+    """The FP8 step with the real `torch._scaled_grouped_mm` on the meta device: its meta kernel
+    makes the CUDA kernel's checks (E4M3 operands, row-major a, column-major b, 16-byte strides,
+    fp32 scales of the right shapes and contiguity), so the layouts the GPU gets are checked
+    here too."""
+    monkeypatch.setattr(sync_free, "scaled_gemm_path", lambda device: "torch._scaled_grouped_mm")
+    step = _meta_step(backend)
+    with host_sync_entry_points():
+        assert step().shape == ()
+
+
 def test_the_detector_catches_the_reference_permutation():
     """The detector is not blind: the step with `routing.permute` (which sizes its buffer from
     the routing) fails."""

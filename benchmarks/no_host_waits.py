@@ -8,7 +8,7 @@ peaks, results, summary), rewritten after every row so a run cut short keeps wha
 With `--curve-steps N`, also the loss curves of N steps (`bench.train_loss_curves` for eager
 variants, `sync_free.graphed_loss_curve` for graphed ones) on the same batches.
 
-    PYTHONPATH=. python3 benchmarks/no_host_waits.py --out FILE.json \\
+    PYTHONPATH=.:$PYTHONPATH python3 benchmarks/no_host_waits.py --out FILE.json \\
         --train-variants hf_grouped_mm_compiled ours_sync_free_fp8_graphed ...
 """
 
@@ -36,7 +36,13 @@ def main() -> None:
     parser.add_argument("--curve-variants", nargs="*", default=[])
     parser.add_argument("--curve-steps", type=int, default=80)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--probe-cudnn-graph", action="store_true",
+                        help="only replay a graphed step of the tiny model with cuDNN attention "
+                             "captured (what `sync_free.graph_safe_attention` avoids)")
     args = parser.parse_args()
+    if args.probe_cudnn_graph:
+        probe_cudnn_graph()
+        return
 
     env = environment()
     peaks = measure_peaks("cuda", env["gpu"])
@@ -70,6 +76,25 @@ def main() -> None:
     report["complete"] = True
     save()
     print(bench.format_summary(report["summary"]))
+
+
+def probe_cudnn_graph() -> None:
+    """A graphed step of the tiny model with the model's own attention choice (cuDNN first)
+    captured: prints whether five replays and a read of the loss succeed."""
+    from moe_tutorial import model
+    from moe_tutorial.model import MoEForCausalLM, next_token_targets
+
+    sync_free.GRAPH_SAFE_ATTENTION_BACKENDS = model.ATTENTION_BACKENDS
+    config = preset("tiny").with_overrides(dtype="bfloat16")
+    torch.manual_seed(0)
+    net = MoEForCausalLM(config, device="cuda").set_expert_backend("sync_free")
+    step = sync_free.GraphedTrainStep(net, sync_free.capturable_adamw(net, 1e-3))
+    ids = torch.randint(0, config.vocab_size, (2, 64), device="cuda")
+    try:
+        losses = [step((ids, next_token_targets(ids))).clone() for _ in range(8)]
+        print("cuDNN attention captured: replays ran, losses", torch.stack(losses).tolist())
+    except Exception as exc:
+        print(f"cuDNN attention captured: {type(exc).__name__}: {exc}"[:300])
 
 
 if __name__ == "__main__":

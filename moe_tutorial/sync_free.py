@@ -40,6 +40,7 @@ import warnings
 from collections.abc import Callable, Iterator
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from .routing import Permutation, _Dispatch, padded_rows, unpermute
 
@@ -277,6 +278,28 @@ def capturable_adamw(model: torch.nn.Module, lr: float, settings=None) -> torch.
                              betas=settings.betas, capturable=True, fused=True)
 
 
+# The attention kernels a graphed step captures. cuDNN's fused attention, the model's first
+# choice (`model.ATTENTION_BACKENDS`), is left out: a CUDA graph holding it can fail on replay
+# with an illegal memory access, the cuDNN frontend's captured graph reading host memory that
+# was freed after capture (pytorch/pytorch#169849, open). FlashAttention-2 replays safely.
+GRAPH_SAFE_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                                 SDPBackend.MATH]
+
+
+@contextlib.contextmanager
+def graph_safe_attention() -> Iterator[None]:
+    """Inside this block the model's attention chooses among `GRAPH_SAFE_ATTENTION_BACKENDS`
+    (`model.Attention` reads `model.ATTENTION_BACKENDS` at every call)."""
+    from . import model
+
+    saved = model.ATTENTION_BACKENDS
+    model.ATTENTION_BACKENDS = GRAPH_SAFE_ATTENTION_BACKENDS
+    try:
+        yield
+    finally:
+        model.ATTENTION_BACKENDS = saved
+
+
 def train_step_body(forward: Callable, batch, params: list[torch.Tensor],
                     optimizer: torch.optim.Optimizer, grad_clip: float | None) -> torch.Tensor:
     """What `GraphedTrainStep` captures: forward, backward, gradient clipping (the global norm
@@ -300,6 +323,7 @@ class GraphedTrainStep:
     torch.compile's kernels); the next call captures the step and replays it; every later call
     copies its batch into the graph's input buffers and replays. Every batch must have the
     captured shape; the model's routing must need no host read (`sync_free` experts).
+    Attention runs FlashAttention-2 here (`graph_safe_attention`).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
@@ -336,7 +360,7 @@ class GraphedTrainStep:
         if self.warmup_left:
             self.warmup_left -= 1
             self._side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._side):
+            with torch.cuda.stream(self._side), graph_safe_attention():
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._body()
             torch.cuda.current_stream().wait_stream(self._side)
@@ -346,7 +370,7 @@ class GraphedTrainStep:
             # rewritten (not accumulated) by every replay
             self.optimizer.zero_grad(set_to_none=True)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.graph(self.graph), graph_safe_attention():
                 self.loss = self._body()
         self.graph.replay()
         return self.loss

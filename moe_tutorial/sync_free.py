@@ -20,11 +20,12 @@ What this module does instead
   GEMMs read them as zero rows, and their outputs and gradients are zero.
 * Expert GEMMs that take the offsets as a device tensor: `torch._grouped_mm` (bf16), and for FP8
   on Hopper `torch._scaled_grouped_mm` with row-wise scales (`ScaledGroupedLinear`): the
-  forward GEMM and the input-gradient GEMM in FP8 (E4M3), the weight-gradient GEMM in bf16
-  (`torch._grouped_mm`, whose ragged dimension is then the rows: FP8 there needs a scale per
-  expert and column, which is not built here). Without the FP8 kernel (a CPU, a GPU before
-  Hopper, the meta device) the same quantized operands are multiplied after dequantizing them,
-  and `last_path` says so.
+  forward GEMM and the input-gradient GEMM in FP8 (E4M3); the weight-gradient GEMM, whose
+  contraction runs over each expert's rows, in bf16 (`torch._grouped_mm`), or with
+  `fp8_weight_gradient` in FP8 with a scale per expert and column
+  (`quantize_columns_per_expert`). Without the FP8 kernel (a CPU, a GPU before Hopper, the meta
+  device) the same quantized operands are multiplied after dequantizing them, and `last_path`
+  says so.
 * `GraphedTrainStep`: the whole training step in one CUDA graph, the optimizer a capturable
   AdamW (`capturable_adamw`).
 * `host_sync_entry_points` / `count_host_syncs`: the detectors. On a GPU, torch's own sync debug
@@ -44,8 +45,9 @@ from torch.nn.attention import SDPBackend
 
 from .routing import Permutation, _Dispatch, padded_rows, unpermute
 
-# Rows per expert for the FP8 GEMMs: `torch._scaled_grouped_mm` reads E4M3 operands whose
-# ragged dimension must be a multiple of 16 (the 16-byte alignment of its TMA loads)
+# Rows per expert for the FP8 GEMMs: 16 rows of E4M3 are 16 bytes, so in the weight-gradient
+# GEMM, whose operands are transposed and contract over the rows, every expert's slice starts
+# 16-byte aligned (the alignment the grouped GEMMs' strides are checked against)
 FP8_ROW_ALIGNMENT = 16
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448

@@ -88,7 +88,8 @@ FUSED_MLP_ROWS_PER_EXPERT, FUSED_MLP_TOTAL_ROWS_MULTIPLE = 256, 128
 FUSED_MLP_RECIPES = ("MXFP8BlockScaling", "NVFP4BlockScaling")  # the recipes the fuser accepts
 
 # The backends on `ExpertMLP`'s stacked weights, then those with TE's own per-expert parameters
-TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm")
+TORCH_BACKENDS = ("naive", "grouped_torch", "te_permute_grouped_mm", "sync_free", "sync_free_fp8",
+                  "sync_free_fp8_wgrad")
 TE_BACKENDS = ("te_grouped_linear", "te_ops")
 EXPERT_BACKENDS = TORCH_BACKENDS + TE_BACKENDS
 
@@ -297,9 +298,14 @@ def check_expert_inputs(experts: nn.Module, hidden: torch.Tensor, indices: torch
     check_expert_indices(indices, experts.num_experts)
 
 
+# Backends that run FP8 GEMMs of their own in a bf16 model (no te.autocast around them)
+SELF_QUANTIZING_BACKENDS = ("sync_free_fp8", "sync_free_fp8_wgrad")
+
 ExpertBackend = Callable[["ExpertMLP", torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 BACKENDS: dict[str, ExpertBackend] = {"naive": naive_experts, "grouped_torch": grouped_torch_experts,
                                       "te_permute_grouped_mm": te_permute_grouped_mm_experts}
+# `sync_free`, `sync_free_fp8` and `sync_free_fp8_wgrad` are added by `moe.sync_free` when it is
+# imported (the package's `moe/__init__.py` imports it)
 
 
 class ExpertMLP(nn.Module):

@@ -16,6 +16,7 @@ import torch
 
 from ..moe.config import preset
 from ..moe.experts import (
+    SELF_QUANTIZING_BACKENDS,
     ExpertMLP,
     convert_experts,
     cutlass_grouped_gemm,
@@ -28,6 +29,7 @@ from ..precision import hardware, recipes
 from ..precision.quant import rel_error
 from ..precision.recipes import supported_recipes
 from ..train.data import check_count
+from ..train.graphed import GraphedTrainStep, capturable_adamw
 from ..train.loop import (
     OPTIMIZERS,
     StepInBackward,
@@ -35,12 +37,15 @@ from ..train.loop import (
     TrainSettings,
     compiled_adamw,
     layer_groups,
+    learning_rate,
     loss_of,
     make_optimizer,
     make_step_in_backward,
+    set_learning_rate,
     train,
     train_step,
 )
+from .host_syncs import count_host_syncs
 from .timing import (
     Peaks,
     allocator_retries,
@@ -196,7 +201,7 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
             experts = (convert_experts(base, module_backend) if backend != "naive" else base)
             recipe = None
-            if precision != "bf16":
+            if precision != "bf16" and module_backend not in SELF_QUANTIZING_BACKENDS:
                 choice = recipes.recipe_for(caps, precision)
                 recipe = choice.build()  # the TE experts read it, and its alignment, from autocast
             x = hidden.detach().clone().requires_grad_()
@@ -264,6 +269,9 @@ class Variant:
     compiled_loss: bool = False
     # AdamW's step compiled (`train.compiled_adamw`): generic, so HF gets it too
     compiled_adamw: bool = False
+    # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
+    # graph (`sync_free.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
+    graphed: bool = False
 
     @property
     def changes(self) -> bool:
@@ -283,7 +291,9 @@ class Variant:
         model = MoEForCausalLM(config, device=device)
         if not self.hf:
             model.set_expert_backend(self.backend)
-            model.set_precision(self.precision)
+            # A self-quantizing backend runs its own FP8 GEMMs in a bf16 model (no te.autocast)
+            model.set_precision("bf16" if self.backend in SELF_QUANTIZING_BACKENDS
+                                else self.precision)
             model.compiled_loss = self.compiled_loss
             return model, None  # train_step's default: model(inputs, targets)
 
@@ -298,6 +308,11 @@ class Variant:
         course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). A
         `step_in_backward` variant: the same AdamW stepped in the backward pass
         (`train.StepInBackward`); with `compiled_adamw` too, one compiled update per layer."""
+        if self.graphed:
+            if kind != "torch_adamw":
+                raise ValueError(f"variant {self.name} runs a capturable AdamW; --optimizer "
+                                 f"{kind} does not apply to it")
+            return capturable_adamw(module, lr)
         fused = next(module.parameters()).is_cuda or None
         if (self.step_in_backward or self.compiled_adamw) and kind != "torch_adamw":
             raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer {kind} "
@@ -351,11 +366,30 @@ VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, i
             step_in_backward=True),
     Variant("ours_te_ops_fp8_compiled_step_in_backward", "te_ops", "fp8", compiled_loss=True,
             compiled_adamw=True, step_in_backward=True),
+    # No host read in the step (`sync_free`): eager, then the whole step in one CUDA graph (with
+    # gradient clipping, which the eager steps above leave out); FP8: the experts' GEMMs through
+    # torch's row-wise scaled grouped GEMM, the rest of the model in bf16
+    Variant("ours_sync_free_bf16", "sync_free"),
+    Variant("ours_sync_free_bf16_graphed", "sync_free", graphed=True),
+    Variant("ours_sync_free_bf16_graphed_compiled_loss", "sync_free", graphed=True,
+            compiled_loss=True),
+    Variant("ours_sync_free_fp8", "sync_free_fp8", "fp8"),
+    Variant("ours_sync_free_fp8_graphed", "sync_free_fp8", "fp8", graphed=True),
+    Variant("ours_sync_free_fp8_graphed_compiled_loss", "sync_free_fp8", "fp8", graphed=True,
+            compiled_loss=True),
+    Variant("ours_sync_free_fp8_wgrad_graphed", "sync_free_fp8_wgrad", "fp8", graphed=True),
+    Variant("ours_sync_free_fp8_wgrad_graphed_compiled_loss", "sync_free_fp8_wgrad", "fp8",
+            graphed=True, compiled_loss=True),
 )}
-CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items() if v.changes)
+# The sync-free steps: named on the command line (`--train-variants`), beside the ladder
+SYNC_FREE_VARIANTS = tuple(name for name, v in VARIANTS.items()
+                           if v.backend.startswith("sync_free"))
+CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items()
+                           if v.changes and name not in SYNC_FREE_VARIANTS)
 # The course's ladder, from HF's baselines to our fastest step: what `bench` runs by default and
 # notebook 06 shows
-TRAIN_VARIANTS = tuple(name for name in VARIANTS if name not in CANDIDATE_VARIANTS)
+TRAIN_VARIANTS = tuple(name for name in VARIANTS
+                       if name not in CANDIDATE_VARIANTS + SYNC_FREE_VARIANTS)
 # What `bench` runs after the ladder on a GPU: the fastest steps measured beyond it (the
 # torch.compile candidates together, bf16 and FP8) and HF's compiled step with the same generic
 # technique (AdamW compiled), so the summary's best step and its fair twin come from one run
@@ -435,12 +469,41 @@ def _classify_error(exc: Exception) -> dict:
     return dict(status="error", error=message)
 
 
-def _timed_step(module, forward, optimizer, batch):
+def _timed_step(module, forward, optimizer, batch, graphed: bool = False):
     """The training loop's own step (`train.train_step`) as the benchmark times it: no gradient
     clipping and no per-step host sync for the divergence guard — the step the committed
-    measurements and HF's baseline step are."""
+    measurements and HF's baseline step are. `graphed`: the whole step, gradient clipping
+    included, replayed from one CUDA graph (`sync_free.GraphedTrainStep`; its first calls run
+    eagerly, then it captures: the benchmark's warm-up calls)."""
+    if graphed:
+        step = GraphedTrainStep(module, optimizer, grad_clip=1.0, forward=forward)
+        return lambda: step(batch)
     return lambda: train_step(module, batch, optimizer, grad_clip=None, forward=forward,
                               guard=False)
+
+
+def _sync_record(step, on_gpu: bool, graphed: bool) -> dict:
+    """How many times one more call of the (warmed-up) step makes the host wait for the GPU, and
+    where (torch's sync debug mode: `sync_free.count_host_syncs`); for a graphed step also
+    whether a call passes with that mode raising on the first sync."""
+    if not on_gpu:
+        return {}
+    from collections import Counter
+
+    count, places = count_host_syncs(step)
+    record = {"host_syncs_per_step": count,
+              "host_sync_places": dict(Counter(places).most_common(12))}
+    if graphed:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step()
+            record["sync_debug_mode_error"] = "passed"
+        except RuntimeError as exc:
+            record["sync_debug_mode_error"] = f"raised: {exc}"[:300]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize()
+    return record
 
 
 @torch.no_grad()
@@ -485,8 +548,8 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                 row["status"] = "wrong"
             else:
                 retries = allocator_retries(device)
-                t = time_fn(_timed_step(module, forward, opt, (inputs, targets)),
-                            warmup=warmup, iters=iters, device=device)
+                step = _timed_step(module, forward, opt, (inputs, targets), v.graphed)
+                t = time_fn(step, warmup=warmup, iters=iters, device=device)
                 tokens_per_s = tokens / (t.median_ms / 1e3)
                 row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
                            tokens_per_s=tokens_per_s, tflops=tflops(flops_per_step, t.median_ms),
@@ -495,6 +558,9 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                     row["allocator_retries"] = allocator_retries(device) - retries
                 if not v.hf:
                     row["path"] = module.expert_paths()[0]
+                if v.graphed:
+                    row["grad_clip"] = 1.0
+                row.update(_sync_record(step, torch.device(device).type == "cuda", v.graphed))
         except torch.cuda.OutOfMemoryError:
             row["status"] = "OOM"
         except Exception as exc:
@@ -900,3 +966,43 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
             del module, forward  # free this variant's memory before the next one
             results.append(row)
     return results
+
+
+def graphed_loss_curves(config, variants, *, steps: int = 80, batch: int = 4, seq_len: int = 256,
+                lr: float = 1e-3, device="cuda") -> list[dict]:
+    """Loss curves of `steps` steps from the same initial weights on the same batches: eager
+    variants through `train_loss_curves` (the course's `train.train`), graphed ones
+    (`Variant.graphed`) through `GraphedTrainStep` with the same settings (AdamW groups,
+    betas, weight decay, the warm-up + cosine learning rate written into the graph's tensor lr
+    before each step, clipping to norm 1). One row per variant, as `train_loss_curves` gives."""
+    gen = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, config.vocab_size, (steps * batch, seq_len), generator=gen)
+    eager = [name for name in variants if not variant(name).graphed]
+    rows = {row["variant"]: row for row in train_loss_curves(
+        config, eager, steps=steps, batch=batch, seq_len=seq_len, device=device, lr=lr,
+        windows=windows)} if eager else {}
+    settings = TrainSettings(steps=steps, batch_size=batch, lr=lr, warmup_steps=steps // 10,
+                             eval_every=0)
+    for name in variants:
+        if name in rows:
+            continue
+        v = variant(name)
+        row = dict(part="curve", variant=name, steps=steps, batch=batch, seq_len=seq_len,
+                   losses=[], status="ok", graphed=True)
+        try:
+            model, forward = v.build(config, device)
+            optimizer = capturable_adamw(model, lr, settings)
+            step = GraphedTrainStep(model, optimizer, grad_clip=settings.grad_clip,
+                                    forward=forward)
+            losses = []
+            for i in range(steps):
+                ids = windows[i * batch:(i + 1) * batch].to(device)
+                set_learning_rate(optimizer, learning_rate(i, settings))
+                losses.append(step((ids, next_token_targets(ids))).float().clone())
+            row["losses"] = torch.stack(losses).tolist()  # one read, after the last step
+            row["path"] = model.expert_paths()[0]
+            del model, forward, optimizer, step
+        except Exception as exc:  # one broken variant must not hide the others' curves
+            row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:500])
+        rows[name] = row
+    return [rows[name] for name in variants]

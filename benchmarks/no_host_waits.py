@@ -1,0 +1,102 @@
+"""The sync-free steps beside the HF baselines, in one process on one GPU.
+
+Runs the expert layer (forward + backward, permutation included) on one of `bench`'s shapes for
+the bf16 loop, TE's paths and the sync-free backends, then the training step of `bench`'s model
+(mixtral-2l, batch 2 × 4096) for the named variants, each row with its host-sync record
+(`bench._sync_record`), and writes a report in `bench --out`'s format (environment, measured
+peaks, results, summary), rewritten after every row so a run cut short keeps what it measured.
+With `--curve-steps N`, also the loss curves of N steps (`bench.train_loss_curves` for eager
+variants, `bench.graphed_loss_curves` for graphed ones) on the same batches.
+
+    PYTHONPATH=.:$PYTHONPATH python3 benchmarks/no_host_waits.py --out FILE.json \\
+        --train-variants hf_grouped_mm_compiled ours_sync_free_fp8_graphed ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from moe_tutorial.moe import model, sync_free
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.perf import bench
+from moe_tutorial.perf.timing import environment, measure_peaks
+from moe_tutorial.train import graphed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--expert-shape", default="mixtral", choices=list(bench.EXPERT_SHAPES))
+    parser.add_argument("--expert-backends", nargs="*", default=[
+        "naive:bf16", "te_permute_grouped_mm:bf16", "sync_free:bf16",
+        "te_ops:Float8CurrentScaling", "te_grouped_linear:Float8CurrentScaling",
+        "sync_free_fp8:fp8_rowwise", "sync_free_fp8_wgrad:fp8_rowwise"], help="backend:precision pairs; the first is the reference")
+    parser.add_argument("--train-variants", nargs="*", default=[])
+    parser.add_argument("--curve-variants", nargs="*", default=[])
+    parser.add_argument("--curve-steps", type=int, default=80)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--probe-cudnn-graph", action="store_true",
+                        help="only replay a graphed step of the tiny model with cuDNN attention "
+                             "captured (what `graphed.graph_safe_attention` avoids)")
+    args = parser.parse_args()
+    if args.probe_cudnn_graph:
+        probe_cudnn_graph()
+        return
+
+    env = environment()
+    peaks = measure_peaks("cuda", env["gpu"])
+    print(f"{env['gpu']}: torch {env['torch']}, TE {env['transformer_engine']}; dense bf16 "
+          f"{peaks.bf16_measured:.0f} TFLOP/s, FP8 {peaks.fp8_measured or 0:.0f} TFLOP/s")
+    print("torch._scaled_grouped_mm:", torch.ops.aten._scaled_grouped_mm.default._schema)
+    print("FP8 expert GEMM here:", sync_free.scaled_gemm_path(torch.device("cuda")))
+    report = {"environment": env, **peaks.to_dict(), "results": [], "complete": False}
+
+    def save(row=None):
+        if row is not None:
+            report["results"].append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "losses"})[:900], flush=True)
+        report["summary"] = bench.summarize(report["results"])
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+    if args.expert_backends:
+        pairs = [tuple(p.split(":")) for p in args.expert_backends]
+        for routing in ("balanced",):
+            bench.bench_expert_layer(bench.EXPERT_SHAPES[args.expert_shape], routing,
+                                     variants=pairs, iters=args.iters, on_result=save)
+    if args.train_variants:
+        config = preset("mixtral-2l")
+        bench.bench_train_step(config, args.train_variants, batch=2, seq_len=4096,
+                               iters=args.iters, on_result=save)
+    if args.curve_variants:
+        config = preset("mixtral-2l")
+        for row in bench.graphed_loss_curves(config, args.curve_variants, steps=args.curve_steps):
+            save(row)
+    report["complete"] = True
+    save()
+    print(bench.format_summary(report["summary"]))
+
+
+def probe_cudnn_graph() -> None:
+    """A graphed step of the tiny model with the model's own attention choice (cuDNN first)
+    captured: prints whether five replays and a read of the loss succeed."""
+
+    graphed.GRAPH_SAFE_ATTENTION_BACKENDS = model.ATTENTION_BACKENDS
+    config = preset("tiny").with_overrides(dtype="bfloat16")
+    torch.manual_seed(0)
+    net = MoEForCausalLM(config, device="cuda").set_expert_backend("sync_free")
+    step = graphed.GraphedTrainStep(net, graphed.capturable_adamw(net, 1e-3))
+    ids = torch.randint(0, config.vocab_size, (2, 64), device="cuda")
+    try:
+        losses = [step((ids, next_token_targets(ids))).clone() for _ in range(8)]
+        print("cuDNN attention captured: replays ran, losses", torch.stack(losses).tolist())
+    except Exception as exc:
+        print(f"cuDNN attention captured: {type(exc).__name__}: {exc}"[:300])
+
+
+if __name__ == "__main__":
+    main()

@@ -93,7 +93,7 @@ def test_bad_places_are_refused_in_one_line(tmp_path):
 def test_lab_starts_on_the_workspace_and_as_root_says_so(tmp_path, monkeypatch, capsys, root):
     monkeypatch.setattr(workspace.os, "geteuid", lambda: 0 if root else 1000)
     argv = workspace.lab_argv(tmp_path, ["--no-browser"])
-    assert argv[:4] == [sys.executable, "-m", "jupyter", "lab"]
+    assert argv[:3] == [sys.executable, "-m", "jupyterlab"]
     assert f"--ServerApp.root_dir={tmp_path}" in argv and argv[-1] == "--no-browser"
     assert ("--allow-root" in argv) == root
     started = []

@@ -84,7 +84,9 @@ def lab_argv(workspace: Path, extra: Sequence[str] = ()) -> list[str]:
 
     As root (the default user in NVIDIA's containers) it adds `--allow-root`: Jupyter refuses to
     start as root without it."""
-    argv = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={Path(workspace)}"]
+    # `-m jupyterlab`, not `-m jupyter lab`: the latter looks for a `jupyter-lab` script on PATH,
+    # which an environment that was never activated (make, a container) does not have there
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={Path(workspace)}"]
     if running_as_root():
         argv.append("--allow-root")
     return argv + list(extra)

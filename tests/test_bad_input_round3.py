@@ -1008,3 +1008,24 @@ def test_train_dist_names_a_bad_flag_before_any_rank_starts(capsys, flags, words
         train_dist.parse_args(["--mode", "train", *flags])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: {words}"), err
+
+
+@pytest.mark.parametrize("param, words", [
+    ("STEPS=ten", "-p STEPS='ten': STEPS takes an integer, like its default: -p STEPS=0"),
+    ("FLAG=1", "-p FLAG=1: FLAG takes True or False"),
+    ("SIZES=8", "-p SIZES=8: SIZES takes a list"),
+])
+def test_a_run_parameter_of_another_kind_than_its_default_is_refused_before_running(
+        capsys, fake_checkout, fast_papermill, param, words):
+    notebook(fake_checkout / "notebooks" / "01_a.ipynb", "print(1)",
+             parameters="MODE = ''\nSTEPS = 0\nFLAG = True\nSIZES = []\nRATE = 0.5")
+    assert main(["run", "--out", "runs/mine", "-p", param]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not (fake_checkout / "runs" / "mine").exists()
+
+
+def test_a_run_parameter_of_its_defaults_kind_runs(fake_checkout, fast_papermill):
+    notebook(fake_checkout / "notebooks" / "01_a.ipynb", "print(1)",
+             parameters="MODE = ''\nSTEPS = 0\nRATE = 0.5")
+    assert main(["run", "--out", "runs/mine", "-p", "STEPS=5", "-p", "RATE=1"]) == 0

@@ -297,27 +297,68 @@ def source_folders() -> list[Path]:
     return [f.resolve() for f in folders]
 
 
-def parameter_names(notebook: Path) -> set[str]:
-    """The names a notebook's `parameters` cell assigns (what papermill can override)."""
+COMPUTED = object()  # a parameter whose default is not a literal (e.g. read from the environment)
+# How a parameter's kind is named (bool before int: True is an int to isinstance).
+KINDS = {bool: "True or False", int: "an integer", float: "a number", str: "text",
+         list: "a list"}
+
+
+def parameter_defaults(notebook: Path) -> dict[str, object]:
+    """The names a notebook's `parameters` cell assigns (what papermill can override), each with
+    its default where that is a literal, else `COMPUTED`."""
     try:
         nb = json.loads(notebook.read_text(encoding="utf-8"))
         cells = nb["cells"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise RunError(f"{notebook} is not a readable notebook ({type(exc).__name__}: {exc}); "
                        "open it in Jupyter and save it again, or leave it out of --notebooks") from None
-    names: set[str] = set()
+    defaults: dict[str, object] = {}
     for cell in cells:
         if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
             with contextlib.suppress(SyntaxError):
                 for node in ast.walk(ast.parse(_text(cell.get("source", "")))):
-                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                        names.add(node.id)
-    return names
+                    if isinstance(node, ast.Assign):
+                        for target in node.targets:
+                            if isinstance(target, ast.Name):
+                                defaults[target.id] = _literal(node.value)
+                    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                        defaults.setdefault(node.id, COMPUTED)
+    return defaults
+
+
+def _literal(node: ast.AST) -> object:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return COMPUTED
+
+
+def parameter_names(notebook: Path) -> set[str]:
+    """The names a notebook's `parameters` cell assigns (what papermill can override)."""
+    return set(parameter_defaults(notebook))
+
+
+def _kind(value) -> type | None:
+    return next((kind for kind in KINDS if isinstance(value, kind)), None)
+
+
+def check_parameter_kind(name: str, value, defaults: list) -> None:
+    """Refuse a -p value of another kind than the parameter's literal default in the notebooks
+    (where they agree on one): `-p STEPS=ten` would reach the notebook as text."""
+    kinds = {_kind(d) for d in defaults if d is not COMPUTED and d is not None}
+    if len(kinds) != 1 or None in kinds:
+        return
+    kind = kinds.pop()
+    fits = _kind(value) is kind or (kind is float and _kind(value) is int)
+    if not fits:
+        example = next(d for d in defaults if _kind(d) is kind)
+        raise RunError(f"-p {name}={value!r}: {name} takes {KINDS[kind]}, like its default: "
+                       f"-p {name}={example!r}")
 
 
 def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
-    """Refuse a parameter the runner sets from its own flag, or one no selected notebook has (it
-    would be injected and silently ignored)."""
+    """Refuse a parameter the runner sets from its own flag, one no selected notebook has (it
+    would be injected and silently ignored), or one of another kind than its default."""
     for name, value in parameters.items():
         if name in RUNNER_PARAMETERS:
             flag = RUNNER_PARAMETERS[name]
@@ -325,11 +366,14 @@ def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
                    else f"use {flag} {value}")
             raise RunError(f"-p {name}={value!r}: {name} is set by {flag}, not by -p; "
                            f"drop -p {name} and {use}")
-    known = set().union(*(parameter_names(nb) for nb in notebooks)) - set(RUNNER_PARAMETERS)
+    defaults = [parameter_defaults(nb) for nb in notebooks]
+    known = set().union(*defaults) - set(RUNNER_PARAMETERS)
     unknown = sorted(set(parameters) - known)
     if unknown:
         raise RunError(f"-p {unknown[0]}: no selected notebook has a parameter {unknown[0]!r}; "
                        f"their parameters are {', '.join(sorted(known)) or 'none'}")
+    for name, value in parameters.items():
+        check_parameter_kind(name, value, [d[name] for d in defaults if name in d])
 
 
 def check_device(device: str, name: str = "--device") -> None:

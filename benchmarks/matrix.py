@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from moe_tutorial.moe.config import preset
 from moe_tutorial.parallel import distributed
 from moe_tutorial.perf import train_dist
+from moe_tutorial.safe_io import UnsafeWrite, check_target, write_json
 
 PRECISIONS = ("bf16", "fp8")
 HF_LABEL = "HF grouped_mm"  # how tables name train_dist's `--model hf`
@@ -247,10 +248,12 @@ def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple
 
 
 def write_report(report: dict, out: str | None) -> None:
+    """The report so far to `out`, whole or not at all (`safe_io.write_json`): a run killed or
+    a disk filled mid-write leaves the previous version. `main` refused a used `out` (without
+    --replace) before the first run; each rewrite replaces this matrix's own file."""
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(report, f, indent=1)
+        write_json(out, report, replace=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -393,17 +396,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds per run before it is stopped and recorded as a timeout")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--replace", action="store_true",
+                        help="--out may name an existing file, replaced by this matrix's report "
+                             "(default: an existing --out is refused before anything runs)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the torchrun commands, run nothing")
     parser.add_argument("--table", metavar="FILE", default=None,
                         help="print the markdown table of an existing result JSON and exit")
     args = parser.parse_args(argv)
     if args.table:
-        with open(args.table) as f:
-            print(markdown_table(json.load(f)))
+        try:
+            with open(args.table) as f:
+                report = json.load(f)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            parser.error(f"--table {args.table}: not a readable result JSON ({exc}); give a file "
+                         f"`--out` wrote")
+        print(markdown_table(report))
         return 0
     if args.gpus is None:
         parser.error("--gpus is required (or --table FILE)")
+    if args.out and not args.dry_run:
+        try:
+            check_target(args.out, replace=args.replace, flag="--out")
+        except UnsafeWrite as exc:
+            parser.error(str(exc))
 
     import torch
 

@@ -131,6 +131,12 @@ def _check_train(args: argparse.Namespace) -> None:
         raise ValueError(f"--backend {args.backend!r} is not an expert backend; choose one of "
                          f"{', '.join(EXPERT_BACKENDS)}")
     _check_device(args.device)
+    from .train.data import check_count, check_positive_number
+
+    # The flags by their own names; TrainSettings checks the same values again for the API.
+    check_count("--steps", args.steps)
+    check_count("--batch-size", args.batch_size)
+    check_positive_number("--lr", args.lr)
     _train_settings(args)
     _check_output_file("--json", args.json, args.replace, make_parents=False)
     if args.checkpoint_dir:
@@ -356,11 +362,11 @@ def _idle_gaps(args: argparse.Namespace) -> int:
 
 
 def _check_analyze(args: argparse.Namespace) -> None:
-    from .perf.analyze import check_arguments
+    from .perf.analyze import FLAG_NAMES, check_arguments
 
     _check_output_file("--json", args.json, args.replace, make_parents=True)
     check_arguments(args.model, batch=args.batch, seq_len=args.seq_len, gpus=args.gpus,
-                    gpu_gib=args.gpu_gib)
+                    gpu_gib=args.gpu_gib, names=FLAG_NAMES)
 
 
 def _analyze(args: argparse.Namespace) -> int:

@@ -274,7 +274,7 @@ def test_bad_moe_config_fields_are_refused(refused, tmp_path, fields, words):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["tiny", "--seq-len", "100000"], ["--seq-len 100000", "max_seq_len=64"]),
+    (["tiny", "--seq-len", "100000"], ["--seq-len=100000", "max_seq_len=64"]),
     (["tiny", "--gpu-gib", "0"], ["--gpu-gib"]),
     (["tiny", "--gpus", "0"], ["--gpus"]),
 ])

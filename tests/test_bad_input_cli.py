@@ -74,7 +74,7 @@ TRAIN_CASES = {
     "steps 0": (["--steps", "0"], ["steps=0", ">= 1"]),
     "steps negative": (["--steps", "-5"], ["steps=-5", ">= 1"]),
     "steps not a number": (["--steps", "many"], ["--steps", "'many'"]),
-    "batch size 0": (["--batch-size", "0"], ["batch_size=0", ">= 1"]),
+    "batch size 0": (["--batch-size", "0"], ["--batch-size=0", ">= 1"]),
     "lr negative": (["--lr", "-1"], ["lr=-1.0", "> 0"]),
     "lr nan": (["--lr", "nan"], ["lr=nan", "finite number > 0"]),
     "lr inf": (["--lr", "inf"], ["lr=inf", "finite number > 0"]),
@@ -278,7 +278,7 @@ def test_one_line_and_no_traceback_in_a_real_process(tmp_path):
                             check=False)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "error: TrainSettings.steps=0 must be an integer >= 1"]
+        "error: --steps=0 must be an integer >= 1"]
     assert result.stdout == ""
 
 

@@ -13,6 +13,7 @@ import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -739,7 +740,7 @@ def test_a_field_the_model_cannot_compute_is_named_as_hf_spells_it():
         MoEConfig.from_hf_config(hf)
 
 
-@pytest.mark.parametrize("name", ["MixtralConfig", "Qwen3MoeConfig"])
+@pytest.mark.parametrize("name", ["MixtralConfig", "Qwen3MoeConfig", "OlmoeConfig"])
 def test_a_familys_default_config_converts_unchanged(name):
     transformers = pytest.importorskip("transformers")
     hf = getattr(transformers, name)()
@@ -747,9 +748,284 @@ def test_a_familys_default_config_converts_unchanged(name):
     assert (config.hidden_size, config.num_experts) == (hf.hidden_size, hf.num_local_experts
                                                         if name == "MixtralConfig" else
                                                         hf.num_experts)
+    assert config.pad_token_id == hf.pad_token_id  # OLMoE's 1 included, not dropped
 
 
 def test_deepseek_v3s_default_block_converts_unchanged():
     transformers = pytest.importorskip("transformers")
     config = MoEConfig.from_hf_config(transformers.DeepseekV3Config(), moe_block_only=True)
     assert config.num_experts == transformers.DeepseekV3Config().n_routed_experts
+
+
+def test_the_shipped_olmoe_config_converts_with_its_padding_token():
+    from moe_tutorial.perf import analyze
+
+    model = analyze.load_model("olmoe-1b-7b")
+    assert not model.moe_block_only and model.config.pad_token_id == 1 and model.notes == ()
+
+
+def _mixtral_hf(dtype=torch.float32):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(**preset("tiny").to_hf_config_kwargs())
+    return transformers.MixtralForCausalLM._from_config(config, attn_implementation="sdpa",
+                                                        dtype=dtype)
+
+
+def test_from_hf_refuses_weights_of_mixed_dtypes_by_name():
+    hf = _mixtral_hf()
+    hf.lm_head.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"lm_head.weight is torch.bfloat16.*one dtype"):
+        MoEForCausalLM.from_hf(hf)
+
+
+@pytest.fixture(scope="module")
+def bf16_and_fp32_checkpoints(tmp_path_factory):
+    """A tiny Mixtral saved by save_pretrained in bf16 and in fp32."""
+    folders = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        folder = tmp_path_factory.mktemp(str(dtype).removeprefix("torch."))
+        _mixtral_hf(dtype).save_pretrained(folder, safe_serialization=True)
+        folders[dtype] = folder
+    return folders
+
+
+def test_a_bf16_checkpoint_loads_into_fp32_exactly(bf16_and_fp32_checkpoints):
+    from safetensors.torch import load_file
+
+    from moe_tutorial.parallel.sharded_init import build_sharded
+
+    folder = bf16_and_fp32_checkpoints[torch.bfloat16]
+    model = build_sharded(preset("tiny"), None, "cpu", hf_checkpoint=folder)
+    saved = load_file(str(folder / "model.safetensors"))
+    assert torch.equal(model.lm_head.weight, saved["lm_head.weight"].float())
+
+
+def test_an_fp32_checkpoint_into_a_bf16_model_is_refused_naming_both(bf16_and_fp32_checkpoints):
+    from moe_tutorial.parallel.sharded_init import build_sharded
+
+    with pytest.raises(CheckpointError, match=r"is F32, this model's weights torch.bfloat16: the "
+                                              r"cast would change its values"):
+        build_sharded(preset("tiny", dtype="bfloat16"), None, "cpu",
+                      hf_checkpoint=bf16_and_fp32_checkpoints[torch.float32])
+
+
+def test_a_sharded_random_init_leaves_the_padding_row_at_zero():
+    from moe_tutorial.parallel.sharded_init import build_sharded
+
+    model = build_sharded(preset("tiny", pad_token_id=3), None, "cpu")
+    weight = model.model.embed_tokens.weight
+    assert weight[3].abs().max() == 0 and weight[4].abs().max() > 0
+
+
+@pytest.mark.parametrize("pad", [-1, 10**6, True, 1.0])
+def test_a_padding_token_outside_the_vocabulary_is_named(pad):
+    with pytest.raises(ValueError, match=r"pad_token_id=.* must be a token id in \[0, "):
+        preset("tiny", pad_token_id=pad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings from anywhere: environment, notebook parameters and the Python API checked as flags
+
+def test_a_device_from_the_environment_is_named_as_the_environment(monkeypatch):
+    from moe_tutorial.course.lesson import setup
+
+    monkeypatch.setenv("MOE_TUTORIAL_DEVICE", "gpu")
+    with pytest.raises(ValueError, match=r"^\$MOE_TUTORIAL_DEVICE 'gpu' is not a device the "
+                                         r"course runs on; give cpu or cuda"):
+        setup("small", os.environ["MOE_TUTORIAL_DEVICE"])
+
+
+def test_a_device_parameter_is_named_as_the_parameter(monkeypatch):
+    from moe_tutorial.course.lesson import setup
+
+    monkeypatch.delenv("MOE_TUTORIAL_DEVICE", raising=False)
+    with pytest.raises(ValueError, match=r"^parameter DEVICE 'tpu' is not a device"):
+        setup("small", "tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU")
+def test_a_cuda_device_on_a_cpu_machine_is_refused_in_the_setup_cell(monkeypatch):
+    from moe_tutorial.course.lesson import setup
+
+    monkeypatch.delenv("MOE_TUTORIAL_DEVICE", raising=False)
+    with pytest.raises(ValueError, match=r"no CUDA GPU; set parameter DEVICE to cpu, or leave "
+                                         r"it empty"):
+        setup("small", "cuda")
+
+
+def test_a_mode_parameter_is_named_as_the_parameter(monkeypatch):
+    from moe_tutorial.course.lesson import setup
+
+    monkeypatch.delenv("MOE_TUTORIAL_MODE", raising=False)
+    with pytest.raises(ValueError, match=r"'medium' \(from the parameter MODE\).*small or full"):
+        setup("medium", "cpu")
+
+
+@pytest.mark.parametrize("value, ok", [("off", False), ("yes", False), ("always", True),
+                                       ("0", True), ("", True)])
+def test_the_live_setting_in_the_environment_is_checked(monkeypatch, value, ok):
+    from moe_tutorial.course.lesson import setup
+
+    monkeypatch.setenv("MOE_TUTORIAL_LIVE", value)
+    if ok:
+        assert setup("small", "cpu").mode == "small"
+    else:
+        with pytest.raises(ValueError, match=rf"\$MOE_TUTORIAL_LIVE='{value}' is not a setting"):
+            setup("small", "cpu")
+
+
+SIZES = {"small": dict(steps=60, experts=[2, 4], preset="small"),
+         "full": dict(steps=400, experts=[2, 4, 8], preset="mixtral-2l")}
+BAD_SIZES = {
+    "negative steps (would train nothing)": (dict(steps=-5), "steps=-5 must be an integer >= 1"),
+    "steps as text": (dict(steps="10"), "steps='10' must be an integer >= 1"),
+    "steps a float": (dict(steps=2.5), "steps=2.5 must be an integer >= 1"),
+    "a list item not a count": (dict(experts=[2, "x"]), "experts=[2, 'x'] holds 'x'"),
+    "a list given as a number": (dict(experts=8), "experts=8 must be a list"),
+    "a preset given as a number": (dict(preset=3), "preset=3 must be a name"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SIZES))
+def test_a_notebook_size_is_checked_against_its_default(case):
+    from moe_tutorial.course.lesson import setup
+
+    values, message = BAD_SIZES[case]
+    with pytest.raises(ValueError, match=re.escape(message) + r".*0 / empty for the small mode"):
+        setup("small", "cpu", SIZES, **values)
+
+
+def test_a_bad_device_in_the_environment_stops_a_run_before_any_notebook(
+        capsys, fake_checkout, fast_papermill, monkeypatch):
+    monkeypatch.setenv("MOE_TUTORIAL_DEVICE", "gpu")
+    assert main(["run", "--out", "runs/mine"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "$MOE_TUTORIAL_DEVICE 'gpu'" in err[0], err
+    assert not (fake_checkout / "runs" / "mine").exists()
+
+
+def test_train_settings_given_as_text_are_one_clear_error():
+    with pytest.raises(ValueError, match=r"TrainSettings.lr='3e-3' must be a finite number > 0"):
+        TrainSettings(lr="3e-3")
+
+
+def test_analyze_names_its_api_arguments_and_its_flags(capsys):
+    from moe_tutorial.perf import analyze
+
+    with pytest.raises(ValueError, match=r"^batch=0 must be an integer >= 1"):
+        analyze.analyze("tiny", batch=0, sweep=False)
+    one_line_error(capsys, ["analyze", "tiny", "--batch", "0"], "--batch=0")
+
+
+def test_train_flags_are_named_as_flags(capsys, no_work):
+    one_line_error(capsys, ["train", "--preset", "tiny", "--lr", "-1"], "--lr=-1.0 must be")
+
+
+# ---------------------------------------------------------------------------------------------
+# The course runner holds its folder; the benchmark matrix writes whole or nothing
+
+def test_a_run_into_a_folder_another_process_holds_is_refused_naming_it(
+        capsys, fake_checkout, fast_papermill, holder):
+    folder, process = holder
+    assert main(["run", "--out", str(folder)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"pid {process.pid} on here" in err[0], err
+    assert sorted(p.name for p in folder.iterdir()) == [safe_io.LOCK_NAME]
+
+
+def test_the_runner_holds_its_folder_until_the_run_ends(fake_checkout, fast_papermill):
+    from moe_tutorial.course import runner
+
+    notebooks = runner.find_notebooks()
+    course = runner.prepare_run(notebooks, Path("runs/mine"))
+    with pytest.raises(runner.RunError, match=rf"course run \(pid {os.getpid()}"):
+        runner.prepare_run(notebooks, Path("runs/mine"), replace=True)
+    runner.execute_run(course, echo=lambda *a, **k: None)
+    assert course.ok and leftovers(Path("runs/mine")) == []
+    again = runner.run_course(notebooks, Path("runs/mine"), replace=True, echo=lambda *a, **k: None)
+    assert again.ok and leftovers(Path("runs/mine")) == []
+
+
+def test_a_run_refused_for_its_folder_makes_no_folder(capsys, fake_checkout, fast_papermill):
+    assert main(["run", "--out", "notebooks/mine"]) == 2
+    assert "course's own notebooks/" in capsys.readouterr().err
+    assert not (fake_checkout / "notebooks" / "mine").exists()
+
+
+def test_a_crashed_runs_lock_file_does_not_block_the_next_run(fake_checkout, fast_papermill):
+    from moe_tutorial.course import runner
+
+    out = fake_checkout / "runs" / "mine"
+    out.mkdir(parents=True)
+    (out / safe_io.LOCK_NAME).write_text('{"what": "course run", "pid": 1}')  # no lock held
+    course = runner.run_course(runner.find_notebooks(), out, echo=lambda *a, **k: None)
+    assert course.ok and leftovers(out) == []
+
+
+def test_matrix_refuses_an_earlier_result_before_any_run(monkeypatch, tmp_path, capsys):
+    from benchmarks import matrix
+
+    def work(*args, **kwargs):
+        raise WorkStarted
+
+    monkeypatch.setattr(matrix, "run_matrix", work)
+    monkeypatch.setattr(matrix, "_check_gpus", lambda gpus: None)
+    earlier = tmp_path / "h200x2.json"
+    earlier.write_text('{"rows": []}')
+    with pytest.raises(SystemExit) as exit:
+        matrix.main(["--gpus", "2", "--preset", "tiny", "--out", str(earlier)])
+    assert exit.value.code == 2 and "--replace" in capsys.readouterr().err
+    assert earlier.read_text() == '{"rows": []}'
+    with pytest.raises(WorkStarted):
+        matrix.main(["--gpus", "2", "--preset", "tiny", "--backend", "grouped_torch",
+                     "--out", str(earlier), "--replace"])
+
+
+def test_matrix_report_on_a_full_disk_keeps_the_previous_version(tmp_path, full_disk):
+    from benchmarks import matrix
+
+    out = tmp_path / "m.json"
+    out.write_text('{"rows": [1]}')
+    with pytest.raises(safe_io.WriteFailed, match="No space left"):
+        matrix.write_report({"rows": [1, 2]}, str(out))
+    assert out.read_text() == '{"rows": [1]}' and leftovers(tmp_path) == []
+
+
+def test_matrix_table_of_a_missing_file_is_an_error_not_a_traceback(tmp_path, capsys):
+    from benchmarks import matrix
+
+    with pytest.raises(SystemExit) as exit:
+        matrix.main(["--table", str(tmp_path / "missing.json")])
+    assert exit.value.code == 2
+    assert "not a readable result JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, words", [(["--steps", "0"], "--steps=0 must be an integer >= 1"),
+                                          (["--lr", "-1"], "--lr=-1.0 must be a finite number"),
+                                          (["--seq-len", "0"], "--seq-len=0 must be")])
+def test_train_dist_names_a_bad_flag_before_any_rank_starts(capsys, flags, words):
+    with pytest.raises(SystemExit) as exit:
+        train_dist.parse_args(["--mode", "train", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit.value.code == 2 and len(err) == 1 and err[0].startswith(f"error: {words}"), err
+
+
+@pytest.mark.parametrize("param, words", [
+    ("STEPS=ten", "-p STEPS='ten': STEPS takes an integer, like its default: -p STEPS=0"),
+    ("FLAG=1", "-p FLAG=1: FLAG takes True or False"),
+    ("SIZES=8", "-p SIZES=8: SIZES takes a list"),
+])
+def test_a_run_parameter_of_another_kind_than_its_default_is_refused_before_running(
+        capsys, fake_checkout, fast_papermill, param, words):
+    notebook(fake_checkout / "notebooks" / "01_a.ipynb", "print(1)",
+             parameters="MODE = ''\nSTEPS = 0\nFLAG = True\nSIZES = []\nRATE = 0.5")
+    assert main(["run", "--out", "runs/mine", "-p", param]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not (fake_checkout / "runs" / "mine").exists()
+
+
+def test_a_run_parameter_of_its_defaults_kind_runs(fake_checkout, fast_papermill):
+    notebook(fake_checkout / "notebooks" / "01_a.ipynb", "print(1)",
+             parameters="MODE = ''\nSTEPS = 0\nRATE = 0.5")
+    assert main(["run", "--out", "runs/mine", "-p", "STEPS=5", "-p", "RATE=1"]) == 0

@@ -43,10 +43,11 @@ HF_CONFIGS = {
                        intermediate_size=64, norm_topk_prob=True, attention_bias=True,
                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     },
-    "olmoe": {  # q and k normalised over the whole projection; clip_qkv clamps
+    "olmoe": {  # q and k normalised over the whole projection; clip_qkv clamps; "tiny" keeps
+        # OLMoE's padding token (pad_token_id=1: that embedding row gets no gradient)
         "tiny": dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4,
                      num_experts=8, num_experts_per_tok=2, intermediate_size=16,
-                     norm_topk_prob=False, pad_token_id=None),
+                     norm_topk_prob=False),
         "hidden": dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2,
                        num_experts=4, num_experts_per_tok=1, intermediate_size=32,
                        norm_topk_prob=True, pad_token_id=None, clip_qkv=0.5,
@@ -302,7 +303,6 @@ REFUSED = {
                              r"sliding_window=8"),
     "qwen2 sliding layers": ("qwen2_moe", dict(use_sliding_window=True, sliding_window=8,
                                                max_window_layers=2), r"layer_types="),
-    "olmoe padding row": ("olmoe", dict(pad_token_id=1), r"pad_token_id=1"),
     "olmoe tied embeddings": ("olmoe", dict(tie_word_embeddings=True),
                               r"tie_word_embeddings=True"),
 }
@@ -315,6 +315,65 @@ def test_an_unsupported_option_is_refused_by_its_hf_name(case):
     config = getattr(transformers, families.FAMILIES[family].config_class)(**kwargs)
     with pytest.raises(ValueError, match=pattern):
         MoEConfig.from_hf_config(config)
+
+
+def test_the_padding_row_gets_no_gradient_as_in_hf(hf_models):
+    """OLMoE's pad_token_id=1, converted exactly: the row starts as HF's init leaves it (zero),
+    a batch full of padding tokens still reads its row, and neither model's row gets a gradient."""
+    hf = _use_experts(hf_models("olmoe", "tiny"), "eager")
+    assert hf.config.pad_token_id == 1
+    ours = MoEForCausalLM.from_hf(hf)
+    assert ours.config.pad_token_id == 1 and ours.model.embed_tokens.padding_idx == 1
+    assert ours.config.to_hf_config_kwargs()["pad_token_id"] == 1
+    ids = torch.tensor([[1, 5, 1, 7, 1, 1, 9, 2]])
+    ref = hf(ids, labels=ids)
+    out = ours(ids, next_token_targets(ids))
+    assert _relative(out.logits, ref.logits) <= TOLERANCE
+    ref.loss.backward()
+    out.lm_loss.backward()
+    for model in (hf, ours):
+        grad = model.model.embed_tokens.weight.grad
+        assert grad[1].abs().max() == 0 and grad[5].abs().max() > 0
+    fresh = MoEForCausalLM(ours.config)
+    assert fresh.model.embed_tokens.weight[1].abs().max() == 0
+    assert fresh.model.embed_tokens.weight[2].abs().max() > 0
+
+
+FAMILY_DEFAULTS = {"mixtral": "MixtralConfig", "qwen3_moe": "Qwen3MoeConfig",
+                   "olmoe": "OlmoeConfig", "qwen2_moe": "Qwen2MoeConfig"}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_DEFAULTS))
+def test_each_familys_default_config_converts_with_no_field_changed(family):
+    """transformers' own default config of each family converts as published, each field read
+    as it is (pad_token_id included) and written back the same."""
+    hf = getattr(transformers, FAMILY_DEFAULTS[family])()
+    config = MoEConfig.from_hf_config(hf)
+    assert config.family == family
+    assert config.pad_token_id == hf.pad_token_id
+    kwargs = config.to_hf_config_kwargs()
+    for name, hf_name in families.FAMILIES[family].fields.items():
+        assert kwargs[hf_name] == getattr(hf, hf_name), name
+
+
+def test_deepseek_v3s_default_config_converts_its_moe_block():
+    """DeepSeek-V3's MLA attention is what this model cannot represent: refused by name whole,
+    its MoE block converted with no field changed."""
+    hf = transformers.DeepseekV3Config()
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        MoEConfig.from_hf_config(hf)
+    block = MoEConfig.from_hf_config(hf, moe_block_only=True)
+    assert (block.num_experts, block.top_k, block.n_group) == (
+        hf.n_routed_experts, hf.num_experts_per_tok, hf.n_group)
+
+
+@pytest.mark.parametrize("name", ["olmoe-1b-7b", "qwen3-moe-30b-a3b", "deepseek-v3"])
+def test_every_shipped_config_converts_with_no_field_changed(name):
+    from moe_tutorial.perf import analyze
+
+    model = analyze.load_model(name)
+    assert model.notes == (), model.notes  # nothing read other than it is written
+    assert model.moe_block_only == (name == "deepseek-v3")
 
 
 def test_a_config_its_family_cannot_express_is_refused():

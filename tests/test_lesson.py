@@ -5,6 +5,7 @@ import torch
 
 from moe_tutorial.course.lesson import setup
 from moe_tutorial.moe.config import MODE_ENV
+from moe_tutorial.precision.hardware import check_device
 
 DEFAULTS = {"small": {"steps": 60, "sizes": [1, 2], "warmup": 2},
             "full": {"steps": 400, "sizes": [1, 2, 4], "warmup": 5}}
@@ -28,7 +29,13 @@ def test_mode_and_device_come_from_the_environment_and_the_hardware(monkeypatch)
     assert run.mode == "full" and run.values == {}
     assert run.device == ("cuda" if torch.cuda.is_available() else "cpu")
     assert run.on_gpu == torch.cuda.is_available()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with 2 GPUs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device.cache_clear()
     assert setup("small", "cuda:1").on_gpu
+    check_device.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv(MODE_ENV, "full")
     monkeypatch.setenv(MODE_ENV, "medium")
     with pytest.raises(ValueError, match=r"medium.*\$MOE_TUTORIAL_MODE"):
         setup("", "cpu")

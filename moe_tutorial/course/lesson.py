@@ -5,11 +5,15 @@ error is `precision.quant.rel_error`.)"""
 from __future__ import annotations
 
 import inspect
+import math
+import os
 from dataclasses import dataclass
 
 import torch
 
-from ..moe.config import COURSE_MODES, course_mode
+from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
+from ..perf.widgets import check_live_setting
+from ..precision.hardware import DEVICE_ENV, check_device
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,16 @@ def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, **par
     full on a GPU and small otherwise (`config.course_mode`). The device: `device`, else cuda
     when available, else cpu. Each size: its parameter, or where that is left empty (0, "", [],
     None) the mode's default. `defaults` maps "small" and "full" to the sizes by name;
-    `parameters` are the notebook's values by the same names."""
-    mode = course_mode(mode or None)
+    `parameters` are the notebook's values by the same names.
+
+    Every value is checked as its command-line flag is, naming where it came from (the notebook's
+    parameter, or the environment variable the `parameters` cell read it from): the mode, the
+    device (`hardware.check_device`), $MOE_TUTORIAL_LIVE, and each size against the type of its
+    default (a count an integer >= 1, a list a list, a name a string)."""
+    mode = course_mode(mode or None, name=_named(mode, MODE_ENV, "MODE"))
+    if device:
+        check_device(device, _named(device, DEVICE_ENV, "DEVICE"))
+    check_live_setting()
     defaults = defaults or {m: {} for m in COURSE_MODES}
     if sorted(defaults) != sorted(COURSE_MODES):
         raise ValueError(f"defaults has modes {sorted(defaults)}; "
@@ -49,8 +61,48 @@ def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, **par
     if unknown:
         raise ValueError(f"parameters {sorted(unknown)} have no default; "
                          f"the defaults name {sorted(defaults[mode])}")
+    for name, value in parameters.items():
+        if value:  # empty: the mode's default
+            _check_size(name, value, [defaults[m][name] for m in (mode, *COURSE_MODES)], mode)
     values = {name: parameters.get(name) or default for name, default in defaults[mode].items()}
     return Setup(mode, device or ("cuda" if torch.cuda.is_available() else "cpu"), values)
+
+
+def _named(value: str, env: str, parameter: str) -> str:
+    """Where a `parameters` cell's value came from: the environment variable the cell reads
+    (when it holds exactly this value), else the notebook's parameter."""
+    return f"${env}" if value and os.environ.get(env) == value else f"parameter {parameter}"
+
+
+def _check_size(name: str, value, defaults: list, mode: str) -> None:
+    """`value` has the kind of the size's default (the first of `defaults` that is not empty): an
+    integer >= 1 for a count, a list of such for a list, a string for a name."""
+    example = next((d for d in defaults if d not in (None, [], "")), None)
+    if example is None or isinstance(example, bool):
+        return
+    if isinstance(example, (list, tuple)):
+        wrong = ("must be a list" if not isinstance(value, (list, tuple)) else
+                 next((f"holds {item!r}, which {_kind_error(item, example[0])}" for item in value
+                       if _kind_error(item, example[0])), None))
+    else:
+        wrong = _kind_error(value, example)
+    if wrong:
+        raise ValueError(f"{name}={value!r} {wrong}; give e.g. {example!r}, or 0 / empty for the "
+                         f"{mode} mode's default {defaults[0]!r}")
+
+
+def _kind_error(value, example) -> str | None:
+    """What is wrong with `value` as a value of `example`'s kind, or None."""
+    if isinstance(example, int):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return "must be an integer >= 1"
+    elif isinstance(example, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not (math.isfinite(value) and value > 0):
+            return "must be a finite number > 0"
+    elif isinstance(example, str) and not isinstance(value, str):
+        return "must be a name (a string)"
+    return None
 
 
 def show_source(obj) -> None:

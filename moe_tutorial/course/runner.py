@@ -91,9 +91,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
-from ..precision.hardware import capabilities
+from ..precision.hardware import DEVICE_ENV, capabilities
 from ..precision.hardware import check_device as check
-from ..safe_io import write_atomically
+from ..safe_io import LOCK_NAME, FolderBusy, WriteFailed, hold_folder, write_atomically
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
@@ -137,10 +137,16 @@ class CourseRun:
     kernel: str = KERNEL_NAME
     note: str = ""
     cell_timeout: int = CELL_TIMEOUT_S["small"]  # seconds one cell may run
+    # The hold on out_dir (`safe_io.hold_folder`) from `prepare_run` until `release`.
+    holding: contextlib.ExitStack = field(default_factory=contextlib.ExitStack, repr=False)
 
     @property
     def ok(self) -> bool:
         return all(r.status == "ok" for r in self.runs)
+
+    def release(self) -> None:
+        """Let another run write into out_dir (`execute_run` does this when it ends)."""
+        self.holding.close()
 
     @property
     def report(self) -> Path:
@@ -291,27 +297,68 @@ def source_folders() -> list[Path]:
     return [f.resolve() for f in folders]
 
 
-def parameter_names(notebook: Path) -> set[str]:
-    """The names a notebook's `parameters` cell assigns (what papermill can override)."""
+COMPUTED = object()  # a parameter whose default is not a literal (e.g. read from the environment)
+# How a parameter's kind is named (bool before int: True is an int to isinstance).
+KINDS = {bool: "True or False", int: "an integer", float: "a number", str: "text",
+         list: "a list"}
+
+
+def parameter_defaults(notebook: Path) -> dict[str, object]:
+    """The names a notebook's `parameters` cell assigns (what papermill can override), each with
+    its default where that is a literal, else `COMPUTED`."""
     try:
         nb = json.loads(notebook.read_text(encoding="utf-8"))
         cells = nb["cells"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise RunError(f"{notebook} is not a readable notebook ({type(exc).__name__}: {exc}); "
                        "open it in Jupyter and save it again, or leave it out of --notebooks") from None
-    names: set[str] = set()
+    defaults: dict[str, object] = {}
     for cell in cells:
         if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
             with contextlib.suppress(SyntaxError):
                 for node in ast.walk(ast.parse(_text(cell.get("source", "")))):
-                    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                        names.add(node.id)
-    return names
+                    if isinstance(node, ast.Assign):
+                        for target in node.targets:
+                            if isinstance(target, ast.Name):
+                                defaults[target.id] = _literal(node.value)
+                    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                        defaults.setdefault(node.id, COMPUTED)
+    return defaults
+
+
+def _literal(node: ast.AST) -> object:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return COMPUTED
+
+
+def parameter_names(notebook: Path) -> set[str]:
+    """The names a notebook's `parameters` cell assigns (what papermill can override)."""
+    return set(parameter_defaults(notebook))
+
+
+def _kind(value) -> type | None:
+    return next((kind for kind in KINDS if isinstance(value, kind)), None)
+
+
+def check_parameter_kind(name: str, value, defaults: list) -> None:
+    """Refuse a -p value of another kind than the parameter's literal default in the notebooks
+    (where they agree on one): `-p STEPS=ten` would reach the notebook as text."""
+    kinds = {_kind(d) for d in defaults if d is not COMPUTED and d is not None}
+    if len(kinds) != 1 or None in kinds:
+        return
+    kind = kinds.pop()
+    fits = _kind(value) is kind or (kind is float and _kind(value) is int)
+    if not fits:
+        example = next(d for d in defaults if _kind(d) is kind)
+        raise RunError(f"-p {name}={value!r}: {name} takes {KINDS[kind]}, like its default: "
+                       f"-p {name}={example!r}")
 
 
 def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
-    """Refuse a parameter the runner sets from its own flag, or one no selected notebook has (it
-    would be injected and silently ignored)."""
+    """Refuse a parameter the runner sets from its own flag, one no selected notebook has (it
+    would be injected and silently ignored), or one of another kind than its default."""
     for name, value in parameters.items():
         if name in RUNNER_PARAMETERS:
             flag = RUNNER_PARAMETERS[name]
@@ -319,30 +366,28 @@ def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
                    else f"use {flag} {value}")
             raise RunError(f"-p {name}={value!r}: {name} is set by {flag}, not by -p; "
                            f"drop -p {name} and {use}")
-    known = set().union(*(parameter_names(nb) for nb in notebooks)) - set(RUNNER_PARAMETERS)
+    defaults = [parameter_defaults(nb) for nb in notebooks]
+    known = set().union(*defaults) - set(RUNNER_PARAMETERS)
     unknown = sorted(set(parameters) - known)
     if unknown:
         raise RunError(f"-p {unknown[0]}: no selected notebook has a parameter {unknown[0]!r}; "
                        f"their parameters are {', '.join(sorted(known)) or 'none'}")
+    for name, value in parameters.items():
+        check_parameter_kind(name, value, [d[name] for d in defaults if name in d])
 
 
-def check_device(device: str) -> None:
+def check_device(device: str, name: str = "--device") -> None:
     """Refuse a device the notebooks cannot run on here, before any of them starts
     (`hardware.check_device`, as a RunError)."""
     try:
-        check(device)
+        check(device, name)
     except ValueError as exc:
         raise RunError(str(exc)) from None
 
 
-def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *,
-                    replace: bool = False) -> None:
-    """Make `out_dir` ready for a run that writes `files` (names in it), or refuse.
-
-    A run writes into a new or empty folder outside the course's own folders. With `replace`,
-    a folder of an earlier run is accepted: the files that run wrote (its manifest) are removed,
-    its report first, so no old report outlives the notebooks it describes; nothing else is
-    touched. The manifest of this run is written before any notebook."""
+def check_out_dir(out_dir: Path, sources: list[Path] = ()) -> None:
+    """Refuse an `out_dir` a run must never write into: inside the course's own folders, the
+    folder of a notebook it runs, or a file."""
     out_dir = Path(out_dir)
     where = out_dir.resolve()
     for folder in source_folders():
@@ -357,7 +402,20 @@ def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"--out {out_dir} is a file, not a folder; give a new folder, "
                        "e.g. --out runs/mine")
-    present = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+
+
+def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *,
+                    replace: bool = False) -> None:
+    """Make `out_dir` ready for a run that writes `files` (names in it), or refuse.
+
+    A run writes into a new or empty folder outside the course's own folders (`check_out_dir`).
+    With `replace`, a folder of an earlier run is accepted: the files that run wrote (its
+    manifest) are removed, its report first, so no old report outlives the notebooks it
+    describes; nothing else is touched. The manifest of this run is written before any
+    notebook. The folder's lock file (`safe_io.hold_folder`) is not a file of a run."""
+    check_out_dir(out_dir, sources)
+    out_dir = Path(out_dir)
+    present = sorted(p.name for p in out_dir.iterdir() if p.name != LOCK_NAME) if out_dir.is_dir() else []
     if present:
         manifest = out_dir / RUN_MANIFEST
         if not replace:
@@ -400,6 +458,8 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
                        f"give e.g. --cell-timeout {CELL_TIMEOUT_S[mode]}")
     if device:
         check_device(device)
+    elif os.environ.get(DEVICE_ENV):  # what the notebooks' `parameters` cells read instead
+        check_device(os.environ[DEVICE_ENV], f"${DEVICE_ENV}")
     names = [nb.name for nb in notebooks]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -407,7 +467,6 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
                        f"{out_dir / twice[0]}; run them in separate runs")
     check_parameters(parameters or {}, notebooks)
     written = [name for nb in notebooks for name in (nb.name, nb.with_suffix(".html").name)]
-    prepare_out_dir(out_dir, written + [PLOTLY_JS, "report.html"], notebooks, replace=replace)
     params = {"MODE": mode, "LIVE": bool(live)}
     if device:
         params["DEVICE"] = device
@@ -415,6 +474,22 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
     course = CourseRun(mode=mode, out_dir=out_dir, parameters=params,
                        cell_timeout=cell_timeout or CELL_TIMEOUT_S[mode])
     course.runs = [NotebookRun(nb.stem, nb, out_dir / nb.name) for nb in notebooks]
+    check_out_dir(out_dir, notebooks)  # refused before hold_folder would make the folder
+    try:
+        # One run per folder, from here until execute_run ends: a second run would remove
+        # this one's files (--replace) or mix its notebooks with them.
+        course.holding.enter_context(hold_folder(out_dir, "course run"))
+    except FolderBusy as exc:
+        raise RunError(f"--out {out_dir}: {exc}") from None
+    except WriteFailed as exc:
+        raise RunError(f"--out {out_dir} cannot be written "
+                       f"({os.strerror(exc.errno) if exc.errno else exc}); "
+                       "give a folder you can write to") from None
+    try:
+        prepare_out_dir(out_dir, written + [PLOTLY_JS, "report.html"], notebooks, replace=replace)
+    except BaseException:
+        course.release()
+        raise
     return course
 
 
@@ -553,7 +628,15 @@ def _write_plotly_js(out_dir: Path) -> str:
 def execute_run(course: CourseRun, *, log_output: bool = False, echo=print) -> CourseRun:
     """Execute a prepared run's notebooks in order with papermill; stop at the first failure.
     Writes the executed notebooks, each one's HTML rendering and, last, `report.html`; prints a
-    line as each cell starts (`CellProgress`); returns `course`, filled in."""
+    line as each cell starts (`CellProgress`); returns `course`, filled in. Its folder is
+    released for another run when this returns or raises."""
+    try:
+        return _execute(course, log_output=log_output, echo=echo)
+    finally:
+        course.release()
+
+
+def _execute(course: CourseRun, *, log_output: bool, echo) -> CourseRun:
     import papermill
     from papermill.engines import papermill_engines
 
@@ -568,7 +651,7 @@ def execute_run(course: CourseRun, *, log_output: bool = False, echo=print) -> C
     repo = PACKAGE_ROOT.parent
     pythonpath = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
     env = {MODE_ENV: course.mode, "MOE_TUTORIAL_LIVE": "always" if params["LIVE"] else "0",
-           "MOE_TUTORIAL_DEVICE": params.get("DEVICE") or os.environ.get("MOE_TUTORIAL_DEVICE"),
+           DEVICE_ENV: params.get("DEVICE") or os.environ.get(DEVICE_ENV),
            "PYTHONPATH": pythonpath,
            "JPY_SESSION_NAME": None}  # headless, even when started from a Jupyter kernel
     start = time.perf_counter()
@@ -890,7 +973,10 @@ def _run_command(args: argparse.Namespace) -> int:
         course.note = (f"No course notebooks found (looked for {default_notebooks_dir()}"
                        f"/{NOTEBOOK_GLOB}).")
         print(course.note)
-        print(f"report: {write_report(course)}")
+        try:
+            print(f"report: {write_report(course)}")
+        finally:
+            course.release()
         return 0
     course = execute_run(course, log_output=args.log_output)
     print(f"report: {course.report}")

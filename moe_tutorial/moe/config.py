@@ -94,6 +94,9 @@ class MoEConfig:
     # --- shared expert: a dense SwiGLU MLP every token passes through beside the routed experts
     shared_expert_intermediate_size: int = 0  # 0: none
     shared_expert_gate: bool = False  # scale it by sigmoid(linear(x)) (Qwen2-MoE)
+    # --- embedding: the token whose row starts at zero and gets no gradient, as HF's
+    # nn.Embedding(padding_idx=pad_token_id) has it (OLMoE: 1); None: none
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -172,6 +175,11 @@ class MoEConfig:
                                  or not (math.isfinite(clip) and clip > 0)):
             raise ValueError(f"MoEConfig.clip_qkv={clip!r} must be a finite number > 0, or None "
                              f"for no clipping")
+        pad = self.pad_token_id
+        if pad is not None and (not isinstance(pad, int) or isinstance(pad, bool)
+                                or not 0 <= pad < self.vocab_size):
+            raise ValueError(f"MoEConfig.pad_token_id={pad!r} must be a token id in [0, "
+                             f"vocab_size={self.vocab_size}), or None for no padding token")
         if self.shared_expert_gate and not shared:
             raise ValueError("MoEConfig.shared_expert_gate=True gates a shared expert, but "
                              "shared_expert_intermediate_size=0 builds none: give its width")
@@ -323,11 +331,12 @@ COURSE_MODES = ("small", "full")
 MODE_ENV = "MOE_TUTORIAL_MODE"
 
 
-def course_mode(mode: str | None = None) -> str:
+def course_mode(mode: str | None = None, name: str = "argument") -> str:
     """Resolve the course mode: the argument, else $MOE_TUTORIAL_MODE, else `full` when a CUDA
-    GPU is present and `small` otherwise."""
+    GPU is present and `small` otherwise. `name`: where `mode` came from, named in the error."""
     chosen = mode or os.environ.get(MODE_ENV) or ("full" if torch.cuda.is_available() else "small")
     if chosen not in COURSE_MODES:
-        source = "argument" if mode else f"${MODE_ENV}"
-        raise ValueError(f"course mode {chosen!r} (from the {source}) is not one of {COURSE_MODES}")
+        source = name if mode else f"${MODE_ENV}"
+        raise ValueError(f"course mode {chosen!r} (from the {source}) is not one of "
+                         f"{COURSE_MODES}; set it to small or full, or leave it empty")
     return chosen

@@ -32,6 +32,8 @@ COMMON_FIELDS = {
     "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
     "top_k": "num_experts_per_tok", "max_seq_len": "max_position_embeddings",
     "norm_eps": "rms_norm_eps", "init_std": "initializer_range",
+    # every family's embedding is nn.Embedding(vocab_size, hidden_size, padding_idx=pad_token_id)
+    "pad_token_id": "pad_token_id",
 }
 
 # The MoEConfig fields that say which architecture variant runs, at their Mixtral values (which
@@ -154,7 +156,7 @@ def hf_config_kwargs(config) -> dict:
                          f"{family.config_class}: {'; '.join(problems)}")
     kwargs = {hf_name: getattr(config, name) for name, hf_name in family.fields.items()}
     kwargs |= dict(rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-                   tie_word_embeddings=False, attention_dropout=0.0, pad_token_id=None,
+                   tie_word_embeddings=False, attention_dropout=0.0,
                    # Generation metadata the model itself never reads. The families' defaults
                    # are their own tokenizers' ids (OLMoE: 50279), outside a protein vocabulary,
                    # and transformers warns about them: none is the honest value here.
@@ -225,9 +227,6 @@ def _attention_and_layer_checks(hf) -> list[tuple]:
          "dropout on the attention weights in training", "0.0"),
         ("tie_word_embeddings", hf.tie_word_embeddings, not hf.tie_word_embeddings,
          "lm_head sharing the embedding matrix", "False"),
-        ("pad_token_id", hf.pad_token_id, hf.pad_token_id is None,
-         "the embedding row HF's training gives no gradient",
-         "pad_token_id=None (from_pretrained(..., pad_token_id=None); the weights are the same)"),
     ]
     model_type = hf.model_type
     if model_type in ("mixtral", "olmoe"):  # OLMoE's q_norm is hidden_size wide

@@ -442,7 +442,9 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: MoEConfig, expert_backend: str, *, dtype=None, device=None):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        # padding_idx as HF's families have it: that row gets no gradient
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, cfg.pad_token_id,
+                                         dtype=dtype, device=device)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, expert_backend, dtype=dtype, device=device) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps, dtype=dtype, device=device)
@@ -502,6 +504,11 @@ class MoEForCausalLM(nn.Module):
                 p.normal_(0.0, residual_std)
             else:
                 p.normal_(0.0, std)
+        embedding = self.model.embed_tokens.weight
+        # The padding row starts at zero, as HF's init (and nn.Embedding's) leaves it; a sharded
+        # embedding's row is zeroed on the rank that holds it (`sharded_init.build_sharded`).
+        if self.config.pad_token_id is not None and not hasattr(embedding, "device_mesh"):
+            embedding[self.config.pad_token_id].zero_()
 
     @torch.no_grad()
     def materialize(self, device) -> MoEForCausalLM:
@@ -647,6 +654,12 @@ class MoEForCausalLM(nn.Module):
             raise ValueError(f"the HF model's weights are {first.dtype}; this model runs in "
                              f"{sorted(DTYPES)}: convert them first, e.g. "
                              f"hf_model.to(torch.float32)")
+        mixed = next(((name, p.dtype) for name, p in hf_model.named_parameters()
+                      if p.dtype != first.dtype), None)
+        if mixed:  # loading into one dtype would round the others silently
+            raise ValueError(f"the HF model's weights mix dtypes: {mixed[0]} is {mixed[1]}, "
+                             f"the first weight {first.dtype}; give them one dtype first, e.g. "
+                             f"hf_model.to({first.dtype})")
         config = MoEConfig.from_hf_config(hf_model.config, dtype=dtype)
         model = cls(config, "grouped_torch", device=first.device)  # HF layout, then convert
         state = {families.hf_key_to_ours(k): v for k, v in hf_model.state_dict().items()}

@@ -44,8 +44,16 @@ from .distributed import Layout, fully_shard_layout, shard_experts
 # The names one expert's matrices have in per-expert checkpoints: (gate, up, down).
 PER_EXPERT_NAMES = (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj"))
 
+# safetensors' dtype names, and the casts that keep every value (a wider float).
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "BF16": torch.bfloat16,
+                      "F16": torch.float16}
+EXACT_CASTS = {(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+               (torch.bfloat16, torch.float64), (torch.float16, torch.float64),
+               (torch.float32, torch.float64)}
+
 # MoEConfig fields that training sets, not the checkpoint's weights: they may differ from
-# config.json (the weights are cast to the model's dtype).
+# config.json (the weights are read into the model's dtype where that holds them exactly:
+# `_Checkpoint.rows`).
 TRAINING_FIELDS = ("aux_loss_coef", "init_std", "dtype", "max_seq_len",
                    "router_bias_update_rate")
 
@@ -63,9 +71,21 @@ def build_sharded(config: MoEConfig, layout: Layout | None, device, *,
     model.materialize(device)
     if hf_checkpoint is None:
         model.reset_parameters()
+        _zero_padding_row(model)
     else:
         load_hf_shards(model, hf_checkpoint, layout)
     return model
+
+
+@torch.no_grad()
+def _zero_padding_row(model: MoEForCausalLM) -> None:
+    """The embedding's padding row (`MoEConfig.pad_token_id`) at zero on the rank holding it, as
+    `reset_parameters` leaves it in a whole model."""
+    pad = model.config.pad_token_id
+    if pad is not None:
+        local, first = _local_rows(model.model.embed_tokens.weight)
+        if first <= pad < first + local.shape[0]:
+            local[pad - first].zero_()
 
 
 class _Checkpoint:
@@ -84,8 +104,10 @@ class _Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.slices
 
-    def rows(self, name: str, first: int, count: int, shape: tuple[int, ...]) -> torch.Tensor:
-        """Rows first..first+count of tensor `name`, which must have the whole shape `shape`."""
+    def rows(self, name: str, first: int, count: int, shape: tuple[int, ...],
+             dtype: torch.dtype) -> torch.Tensor:
+        """Rows first..first+count of tensor `name`, which must have the whole shape `shape` and
+        a dtype that `dtype` holds exactly (the same, or a wider float: bf16 or fp16 into fp32)."""
         if name not in self.slices:
             raise CheckpointError(f"the checkpoint has no tensor {name!r} (nor its HF spelling): "
                                   f"it is not a checkpoint of this model's family")
@@ -94,6 +116,12 @@ class _Checkpoint:
         if saved != tuple(shape):
             raise CheckpointError(f"the checkpoint's {key} has shape {list(saved)}, this model's "
                                   f"{list(shape)}: the checkpoint is of another model size")
+        stored = SAFETENSORS_DTYPES.get(tensor.get_dtype())
+        if stored != dtype and (stored, dtype) not in EXACT_CASTS:
+            raise CheckpointError(f"the checkpoint's {key} is {tensor.get_dtype()}, this model's "
+                                  f"weights {dtype}: the cast would change its values; build the "
+                                  f"model in the checkpoint's dtype (MoEConfig(dtype=...)), or in "
+                                  f"float32, which holds bf16 and fp16 exactly")
         return tensor[first:first + count]
 
 
@@ -141,17 +169,18 @@ def _expert_stack(checkpoint: _Checkpoint, prefix: str, first: int, count: int,
     one layer (`prefix`: "model.layers.{i}.mlp.experts"), from the stacked or the per-expert
     layout, whichever the checkpoint has."""
     e, h, i = config.num_experts, config.hidden_size, config.intermediate_size
+    dtype = config.torch_dtype
     if not count:  # an FSDP2 chunk may be empty (fewer experts in the block than dp ranks)
         return torch.empty(0, 2 * i, h), torch.empty(0, h, i)
     if f"{prefix}.gate_up_proj" in checkpoint:
-        return (checkpoint.rows(f"{prefix}.gate_up_proj", first, count, (e, 2 * i, h)),
-                checkpoint.rows(f"{prefix}.down_proj", first, count, (e, h, i)))
+        return (checkpoint.rows(f"{prefix}.gate_up_proj", first, count, (e, 2 * i, h), dtype),
+                checkpoint.rows(f"{prefix}.down_proj", first, count, (e, h, i), dtype))
     names = next((n for n in PER_EXPERT_NAMES if f"{prefix}.0.{n[0]}.weight" in checkpoint),
                  PER_EXPERT_NAMES[0])
     gate, up, down = (f"{prefix}.{{}}.{name}.weight" for name in names)
 
     def whole(name: str, shape: tuple[int, int]) -> torch.Tensor:
-        return checkpoint.rows(name, 0, shape[0], shape)
+        return checkpoint.rows(name, 0, shape[0], shape, dtype)
 
     experts = range(first, first + count)
     gate_up = [torch.cat([whole(gate.format(x), (i, h)), whole(up.format(x), (i, h))])
@@ -179,7 +208,8 @@ def load_hf_shards(model: MoEForCausalLM, hf_dir_or_files, layout: Layout | None
         for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
             if name in persistent and ".mlp.experts." not in name:
                 local, first = _local_rows(tensor)
-                local.copy_(checkpoint.rows(name, first, local.shape[0], tuple(tensor.shape)))
+                local.copy_(checkpoint.rows(name, first, local.shape[0], tuple(tensor.shape),
+                                            local.dtype))
         for i, layer in enumerate(model.model.layers):
             _load_experts(layer.mlp.experts, checkpoint, f"model.layers.{i}.mlp.experts",
                           ep_rank * per_rank, model.config)

@@ -150,16 +150,11 @@ def _from_hf_fields(spec: str, source: str, fields: dict) -> Model:
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
     hf = _hf_config(source, model_type, fields)
-    notes = []
-    if getattr(hf, "pad_token_id", None) is not None:
-        notes.append(f"pad_token_id={hf.pad_token_id} read as None: it only decides which "
-                     f"embedding row gets no gradient, no shape or byte analysed here")
-        hf.pad_token_id = None
     architectures = fields.get("architectures")
     name = architectures[0] if isinstance(architectures, list) and architectures else model_type
     try:
         config = MoEConfig.from_hf_config(hf, dtype=COMPUTE_DTYPE)
-        return Model(f"{spec} ({name})", source, config, notes=tuple(notes))
+        return Model(f"{spec} ({name})", source, config)
     except ValueError as whole:
         refusal = whole
     try:
@@ -175,7 +170,7 @@ def _from_hf_fields(spec: str, source: str, fields: dict) -> Model:
         f"layers and any shared expert (a dense MLP beside the routed experts, outside their "
         f"grouped GEMMs), so there is no whole-model parameter total, active count or memory"]
     return Model(f"{spec} ({name}, MoE block)", source, block.with_overrides(num_layers=layers),
-                 moe_block_only=True, out_of_scope=tuple(out_of_scope), notes=tuple(notes))
+                 moe_block_only=True, out_of_scope=tuple(out_of_scope))
 
 
 def _hf_config(source: str, model_type: str, fields: dict):
@@ -710,21 +705,27 @@ def recommendation(model: Model, *, sweep: bool | None, batch: int, seq_len: int
 # ---------------------------------------------------------------------------------------------
 # The report
 
+# How the command line spells check_arguments' settings (the API names them as arguments).
+FLAG_NAMES = {"batch": "--batch", "seq_len": "--seq-len", "gpus": "--gpus", "gpu_gib": "--gpu-gib"}
+
+
 def check_arguments(spec: str, *, batch: int, seq_len: int | None, gpus: int,
-                    gpu_gib: float) -> Model:
+                    gpu_gib: float, names: dict[str, str] | None = None) -> Model:
     """The model `spec` names, with the settings checked against it (what the command line runs
-    before any work): a ValueError names what is wrong and how to fix it."""
-    check_count("--batch", batch)
-    check_count("--gpus", gpus)
+    before any work): a ValueError names what is wrong and how to fix it. `names`: how the
+    caller spells each setting (`FLAG_NAMES` on the command line; default: the arguments')."""
+    name = (names or {}).get
+    check_count(name("batch", "batch"), batch)
+    check_count(name("gpus", "gpus"), gpus)
     if seq_len is not None:
-        check_count("--seq-len", seq_len)
+        check_count(name("seq_len", "seq_len"), seq_len)
     if isinstance(gpu_gib, bool) or not isinstance(gpu_gib, (int, float)) \
             or not (math.isfinite(gpu_gib) and gpu_gib > 0):
-        raise ValueError(f"--gpu-gib={gpu_gib!r} must be a number > 0: each GPU's memory in GiB "
-                         f"(an H200 has {GPU_GIB:g})")
+        raise ValueError(f"{name('gpu_gib', 'gpu_gib')}={gpu_gib!r} must be a number > 0: each "
+                         f"GPU's memory in GiB (an H200 has {GPU_GIB:g})")
     model = load_model(spec)
     if seq_len is not None and seq_len > model.config.max_seq_len:
-        raise ValueError(f"--seq-len {seq_len} exceeds {model.name}'s max_seq_len="
+        raise ValueError(f"{name('seq_len', 'seq_len')}={seq_len} exceeds {model.name}'s max_seq_len="
                          f"{model.config.max_seq_len}: give at most that")
     return model
 

@@ -50,7 +50,7 @@ from ..parallel.dist_checkpoint import ShardedCheckpointing
 from ..parallel.sharded_init import load_hf_shards
 from ..precision.quant import rel_error
 from ..train.checkpoint import check_directory, check_same_run
-from ..train.data import load_protein_data
+from ..train.data import check_count, check_positive_number, load_protein_data
 from ..train.loop import (
     TrainingDiverged,
     TrainSettings,
@@ -434,11 +434,16 @@ def train_settings(args):
 
 
 def check_run_arguments(args: argparse.Namespace) -> None:
-    """Refuse, before any process group or training, a --checkpoint-dir the run cannot use:
-    unwritable or a dangling link, held by another run, holding another run's checkpoints
-    without --resume, or (--resume) holding a checkpoint saved with other settings. A
-    ValueError (`checkpoint.CheckpointError`, `safe_io.FolderBusy`) whose message names the fix."""
-
+    """Refuse, before any process group or training, a count or learning rate out of range
+    (named by its flag, as `python -m moe_tutorial train` names them), and a --checkpoint-dir
+    the run cannot use: unwritable or a dangling link, held by another run, holding another
+    run's checkpoints without --resume, or (--resume) holding a checkpoint saved with other
+    settings. A ValueError (`checkpoint.CheckpointError`, `safe_io.FolderBusy`) whose message
+    names the fix."""
+    for flag in ("--dp", "--batch", "--seq-len", "--steps", "--max-sequences", "--iters"):
+        check_count(flag, getattr(args, flag[2:].replace("-", "_")))
+    check_count("--warmup", args.warmup, least=0)
+    check_positive_number("--lr", args.lr)
     if args.mode != "train" or not args.checkpoint_dir:
         return
     check_directory(args.checkpoint_dir, args.resume, steps=dist_checkpoint.complete_steps)

@@ -51,6 +51,17 @@ from dataclasses import dataclass, field
 MAX_UPDATES_PER_S = 4.0
 MAX_DRAW_SHARE = 0.1  # redraws also wait 10x as long as the last one took: drawing stays < ~10%
 LIVE_ENV = "MOE_TUTORIAL_LIVE"  # "0": never live; "always": live even without a frontend
+# What $MOE_TUTORIAL_LIVE may hold: the notebooks' `parameters` cells read "0" and "false" as
+# off and anything else as on, so a typo such as "off" would silently mean on.
+LIVE_VALUES = ("", "1", "true", "always", "0", "false")
+
+
+def check_live_setting() -> None:
+    """Refuse a $MOE_TUTORIAL_LIVE the course does not read as one of its settings."""
+    value = os.environ.get(LIVE_ENV)
+    if value is not None and value not in LIVE_VALUES:
+        raise ValueError(f"${LIVE_ENV}={value!r} is not a setting of the live widgets; set it to "
+                         f"1 (live when a frontend is attached), always or 0 (never), or unset it")
 FRONTEND_ENV = "JPY_SESSION_NAME"  # set by jupyter_server (JupyterLab, Notebook 7) for its kernels
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PANEL_TITLES = {

@@ -343,26 +343,32 @@ def evaluate(env: Environment) -> Capabilities:
     return Capabilities(env, {k: out[k] for k in FEATURES})
 
 
+DEVICE_ENV = "MOE_TUTORIAL_DEVICE"  # the device a notebook's `parameters` cell reads
+
+
 @functools.lru_cache(maxsize=None)
-def check_device(device: str) -> None:
-    """Refuse, before any work starts, a `--device` this machine cannot run the course on: not a
+def check_device(device: str, name: str = "--device") -> None:
+    """Refuse, before any work starts, a device this machine cannot run the course on: not a
     device, not cpu or cuda, or a GPU it does not have (else the failure comes from inside
-    torch's lazy CUDA initialisation, minutes later)."""
+    torch's lazy CUDA initialisation, minutes later). `name`: where the value came from, as the
+    user set it (`--device`, `$MOE_TUTORIAL_DEVICE`, a notebook's `DEVICE`), named in the error."""
     try:
-        kind = torch.device(device)
+        kind = torch.device(device) if isinstance(device, str) else None
     except RuntimeError:
         kind = None
     if kind is None or kind.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {device!r} is not a device the course runs on; give cpu or "
+        raise ValueError(f"{name} {device!r} is not a device the course runs on; give cpu or "
                          f"cuda (cuda:N for the N-th GPU)")
     if kind.type == "cpu":
         return
+    on_cpu = ("leave --device out (or pass --device cpu)" if name.startswith("--")
+              else f"set {name} to cpu, or leave it empty,")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        raise ValueError(f"--device {device!r}: this machine has no CUDA GPU; leave --device "
-                         f"out (or pass --device cpu) to run on the CPU")
+        raise ValueError(f"{name} {device!r}: this machine has no CUDA GPU; {on_cpu} to run on "
+                         f"the CPU")
     if (kind.index or 0) >= count:
-        raise ValueError(f"--device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 "
+        raise ValueError(f"{name} {device!r}: this machine has {count} CUDA GPU(s), cuda:0 "
                          f"to cuda:{count - 1}; choose one of them")
 
 

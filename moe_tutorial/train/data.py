@@ -58,6 +58,7 @@ entropy of 4.196 bits (2.908 nats): the same model scored on the data it was cou
 from __future__ import annotations
 
 import gzip
+import math
 import numbers
 import random
 import re
@@ -96,6 +97,13 @@ def check_count(name: str, value, *, least: int = 1) -> None:
     float seq_len or a negative slice bound would fail deep inside torch or drop data silently)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ValueError(f"{name}={value!r} must be an integer >= {least}")
+
+
+def check_positive_number(name: str, value) -> None:
+    """Refuse a value that is not a finite number > 0 (bool and str included)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}={value!r} must be a finite number > 0")
 
 
 def find_invalid_residue(sequence: str) -> int | None:

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from ..moe.model import MoEForCausalLM, check_batch, is_expert_parameter
 from ..precision import hardware
 from . import checkpoint as ckpt
-from .data import check_count, iterate_batches
+from .data import check_count, check_positive_number, iterate_batches
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,9 @@ class TrainSettings:
         if not self.warmup_steps < self.steps:
             raise ValueError(f"TrainSettings.warmup_steps={self.warmup_steps} must be in "
                              f"[0, steps={self.steps})")
-        if not (self.lr > 0 and math.isfinite(self.lr)) or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"TrainSettings: lr={self.lr} must be a finite number > 0 and "
-                             f"min_lr_ratio={self.min_lr_ratio} in [0, 1]")
+        check_positive_number("TrainSettings.lr", self.lr)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"TrainSettings.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if not 0 <= self.weight_decay < math.inf:
             raise ValueError(f"TrainSettings.weight_decay={self.weight_decay} must be a finite "
                              f"number >= 0")

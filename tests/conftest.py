@@ -2,10 +2,19 @@
 and, for parallel workers (`make test` runs `pytest -n auto --dist loadscope`), the order and
 grouping that keep both cores busy to the end."""
 
+import os
 from pathlib import Path
 
-import pytest
-import torch
+# In a parallel worker (one per core), this process and what it starts (kernels, ranks, Lab) keep
+# to one thread each: torch's default, a thread per core in every worker, puts more busy threads
+# than cores on the machine, and an oversubscribed CPU kernel waits for threads that are not
+# scheduled (a tiny matmul then takes milliseconds instead of microseconds).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(variable, "1")
+
+import pytest  # noqa: E402  (after the thread settings, which torch reads when it loads)
+import torch  # noqa: E402
 from course_helpers import fake_checkout, fast_papermill  # noqa: F401  (fixtures for every test module)
 
 # Marks of the tests that take the longest: they start first, so that the many short tests fill

@@ -54,11 +54,11 @@ class FolderBusy(ValueError):
 
 
 def course_folders(*near: Path) -> list[Path]:
-    """The course's own folders (its package, and the chapters and solutions of the clone the
-    current directory or `near` is in), resolved. Not exercises/: the build writes there, and a
-    learner's exercise is theirs."""
+    """The course's own folders (its package, and the chapters, solutions and package source of
+    the clone the current directory or `near` is in), resolved. Not exercises/: the build writes
+    there, and a learner's exercise is theirs."""
     return [package_dir()] + [root / name for root in checkout_roots(*near)
-                              for name in ("notebooks", "solutions")]
+                              for name in ("notebooks", "solutions", "moe_tutorial")]
 
 
 def _inside_course(path: Path) -> Path | None:

@@ -286,9 +286,9 @@ RUN_MANIFEST = ".moe-tutorial-run.json"
 
 def source_folders(*near: Path) -> list[Path]:
     """The course's own folders, which a run never writes into (those of the clone the current
-    directory or `near` is in)."""
+    directory or `near` is in, its package source included)."""
     clone = [root / name for root in checkout_roots(*near)
-             for name in ("notebooks", "exercises", "solutions")]
+             for name in ("notebooks", "exercises", "solutions", "moe_tutorial")]
     return [f.resolve() for f in (*clone, package_dir(), default_notebooks_dir())]
 
 
@@ -1080,7 +1080,8 @@ def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set
         raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}; give the "
                          "folder that holds them with --solutions")
     where = exercises_dir.resolve()
-    clone = [root / name for root in checkout_roots(where) for name in ("solutions", "notebooks")]
+    clone = [root / name for root in checkout_roots(where)
+             for name in ("solutions", "notebooks", "moe_tutorial")]
     for folder in (solutions_dir, *clone, default_notebooks_dir(), package_dir()):
         folder = folder.resolve()
         if where == folder or where.is_relative_to(folder):

@@ -5,7 +5,9 @@ One sub-package per concern, each importing only from those before it (docs/pack
 precision → moe → train → parallel → perf → course, and the command line (`cli`). The model
 the course teaches is `moe`: `moe.model.MoEForCausalLM`, its router in `moe.routing`, its experts
 in `moe.experts` (`naive_experts`, the reference loop, first among the backends).
-Notebooks import from here; the package never imports notebook code.
+Notebooks import from here; the package never imports notebook code, and finds files through
+`locations` (its own data, the clone around the current directory), so an installed wheel runs
+as a checkout does; committed results are read by `perf.results`.
 """
 
 __version__ = "0.1.0"

@@ -27,7 +27,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import importlib
 import json
 import os
 import secrets
@@ -35,6 +34,8 @@ import socket
 import sys
 import time
 from pathlib import Path
+
+from .locations import checkout_roots, package_dir
 
 LOCK_NAME = ".moe-tutorial.lock"
 
@@ -52,18 +53,18 @@ class FolderBusy(ValueError):
     """The folder is held by another writer (`hold_folder`); the message names it."""
 
 
-def course_folders() -> list[Path]:
-    """The course's own folders (its chapters, solutions and package), resolved. Not
-    exercises/: the build writes there, and a learner's exercise is theirs."""
-    package = Path(importlib.import_module(__name__.split(".")[0]).__file__).resolve().parent
-    repo = package.parent
-    return [package] + [(repo / name).resolve() for name in ("notebooks", "solutions")]
+def course_folders(*near: Path) -> list[Path]:
+    """The course's own folders (its package, and the chapters, solutions and package source of
+    the clone the current directory or `near` is in), resolved. Not exercises/: the build writes
+    there, and a learner's exercise is theirs."""
+    return [package_dir()] + [root / name for root in checkout_roots(*near)
+                              for name in ("notebooks", "solutions", "moe_tutorial")]
 
 
 def _inside_course(path: Path) -> Path | None:
     """The course folder `path` (resolved) lies in, or None."""
     where = path.resolve()
-    return next((f for f in course_folders() if where == f or where.is_relative_to(f)), None)
+    return next((f for f in course_folders(where) if where == f or where.is_relative_to(f)), None)
 
 
 def check_target(path: str | Path, *, replace: bool, flag: str | None = None,

@@ -6,8 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from moe_tutorial.course import runner as course
-
 
 def notebook(path: Path, *sources: str, parameters: str = "") -> Path:
     """A notebook of code cells at `path` (the first one tagged `parameters` if given)."""
@@ -47,13 +45,12 @@ def fast_papermill(monkeypatch):
 
 @pytest.fixture()
 def fake_checkout(tmp_path, monkeypatch):
-    """A checkout of the course in tmp_path, as the runner and the builder see it (the current
-    directory, and the folder of the package): tests that point them at the course's own
+    """A checkout of the course in tmp_path, as the runner and the builder see it (the clone the
+    current directory is in): tests that point them at the course's own
     folders can do no harm, even to a version of the package without the guards."""
     repo = tmp_path / "checkout"
     for folder in ("notebooks", "exercises", "solutions", "moe_tutorial"):
         (repo / folder).mkdir(parents=True)
     notebook(repo / "notebooks" / "00_setup.ipynb", "print(0)", parameters="MODE = ''")
-    monkeypatch.setattr(course, "PACKAGE_ROOT", repo / "moe_tutorial")
     monkeypatch.chdir(repo)
     return repo

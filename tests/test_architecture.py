@@ -10,7 +10,7 @@ PACKAGE = ROOT / "moe_tutorial"
 
 # Lowest first. A sub-package (or a module beside them) may import its own layer or those below.
 LAYERS = [
-    ("beside the sub-packages, below every concern", {"__init__", "safe_io"}),
+    ("beside the sub-packages, below every concern", {"__init__", "locations", "safe_io"}),
     ("precision: what this machine runs, the recipes, the numerics", {"precision"}),
     ("moe: the model the course teaches", {"moe"}),
     ("train: the loop, its data, its checkpoints", {"train"}),
@@ -113,3 +113,18 @@ def test_docs_package_tree_names_every_sub_package():
     parts = {d.name for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()}
     missing = sorted(p for p in parts if f"{p}/" not in tree)
     assert not missing, f"docs/package.md's tree lacks the sub-packages {missing}"
+
+
+def test_no_module_locates_files_from_its_own_path():
+    """An installed wheel holds the package, not the repository: a module that finds files from
+    its `__file__` (`Path(__file__).parents[2] / "benchmarks"`) works in a checkout only. The
+    package's own data, a clone's folders and the import root are found in locations.py, through
+    importlib and the current directory."""
+    found = sorted(f"{p.relative_to(ROOT)}:{node.lineno} uses {name}"
+                   for p in PACKAGE.rglob("*.py")
+                   for node in ast.walk(ast.parse(p.read_text()))
+                   for name in [getattr(node, "id", None) or getattr(node, "attr", None)]
+                   if isinstance(node, (ast.Name, ast.Attribute))
+                   and name in ("__file__", "__path__"))
+    assert not found, ("locate files through moe_tutorial/locations.py (package_data, "
+                       "checkout_root, import_root), not a module's own path:\n" + "\n".join(found))

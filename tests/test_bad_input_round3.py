@@ -84,7 +84,7 @@ def course_dir(tmp_path, monkeypatch) -> Path:
     for name in ("notebooks", "solutions", "moe_tutorial"):
         (root / name).mkdir(parents=True)
     (root / "solutions" / "01_router.ipynb").write_text("the solution")
-    monkeypatch.setattr(safe_io, "course_folders", lambda: [
+    monkeypatch.setattr(safe_io, "course_folders", lambda *near: [
         (root / name).resolve() for name in ("notebooks", "solutions", "moe_tutorial")])
     return root
 

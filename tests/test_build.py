@@ -241,7 +241,7 @@ def test_build_refuses_the_course_folders(checkout, folder, capsys, monkeypatch)
     solutions` overwrote the solutions with stubs. Run in the copy `checkout`, as if it were the
     course's checkout, so that this test can do no harm even to a build without the guard."""
     shutil.copytree(ROOT / "notebooks", checkout / "notebooks")
-    monkeypatch.setattr(course, "PACKAGE_ROOT", checkout / "moe_tutorial")
+    (checkout / "moe_tutorial").mkdir()  # a clone has the package's source at its root
     monkeypatch.chdir(checkout)
     before = {p: p.read_bytes() for p in checkout.rglob("*.ipynb")}
     assert main(["build", "--exercises", folder]) == 2

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from moe_tutorial.perf import bench, decide, widgets
+from moe_tutorial.perf import decide, results, widgets
 from moe_tutorial.perf.bench import ExpertShape
 from moe_tutorial.precision import hardware
 
@@ -214,7 +214,7 @@ def test_sizes_are_stated_as_powers_of_two():
 # The committed H200 results
 
 def test_committed_map_reads_the_h200_expert_rows():
-    report = json.loads((bench.ROOT / bench.COMMITTED_RESULTS).read_text())
+    report = results.read(results.H200)
     ms = {(r["shape"], r["backend"], r["precision"]): r["median_ms"] for r in report["results"]
           if r["part"] == "expert" and r["routing"] == "balanced" and r["status"] == "ok"}
     decisions = decide.committed_map()

@@ -14,8 +14,7 @@ import torch
 from benchmarks import matrix
 from moe_tutorial.moe.config import preset
 from moe_tutorial.parallel import distributed
-from moe_tutorial.perf import train_dist
-from moe_tutorial.perf.bench import results_path
+from moe_tutorial.perf import results, train_dist
 
 
 def _has_transformers_5() -> bool:
@@ -104,8 +103,7 @@ def test_the_8_layer_matrix_s_memory_and_what_it_does_not_explain():
     backward pass, before the all-reduce: dp1×ep2 measured the same peak in both precisions),
     so memory does not explain that row's timeout; and mixtral-7l (7 of those layers) fits an
     H200 at dp8 × ep1 in both precisions with room to spare."""
-    report = json.loads(results_path("benchmarks/results/h200x2_matrix_mixtral-8l.json")
-                        .read_text())
+    report = results.read("h200x2_matrix_mixtral-8l.json")
     rows = {(r["layout"], r["precision"]): r for r in report["rows"]}
     settings = matrix.Settings.from_report(report)
     config = preset("mixtral-7l", num_layers=report["model"]["layers"])

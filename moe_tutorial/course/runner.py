@@ -90,12 +90,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..locations import checkout_root, checkout_roots, import_root, package_dir
 from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
 from ..precision.hardware import DEVICE_ENV, capabilities
 from ..precision.hardware import check_device as check
 from ..safe_io import LOCK_NAME, FolderBusy, WriteFailed, hold_folder, write_atomically
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 CLOSING_TAG = "closing"
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
@@ -157,15 +157,16 @@ class CourseRun:
 # Which notebooks
 
 def _course_folder(name: str) -> Path:
-    """`name/` of the current directory, else the one next to this package (a checkout)."""
-    for candidate in (Path.cwd() / name, PACKAGE_ROOT.parent / name):
+    """`name/` of the current directory, else that of the clone the current directory is in."""
+    root = checkout_root()
+    for candidate in (Path.cwd() / name, *([root / name] if root else [])):
         if candidate.is_dir():
             return candidate
     return Path.cwd() / name
 
 
 def default_notebooks_dir() -> Path:
-    """`notebooks/` of the current directory, else the one next to this package (a checkout)."""
+    """`notebooks/` of the current directory, else that of the clone the current directory is in."""
     return _course_folder("notebooks")
 
 
@@ -289,12 +290,12 @@ RUNNER_PARAMETERS = {"MODE": "--mode", "LIVE": "--live", "DEVICE": "--device"}
 RUN_MANIFEST = ".moe-tutorial-run.json"
 
 
-def source_folders() -> list[Path]:
-    """The course's own folders, which a run never writes into."""
-    repo = PACKAGE_ROOT.parent
-    folders = [repo / "notebooks", repo / "exercises", repo / "solutions", PACKAGE_ROOT,
-               default_notebooks_dir()]
-    return [f.resolve() for f in folders]
+def source_folders(*near: Path) -> list[Path]:
+    """The course's own folders, which a run never writes into (those of the clone the current
+    directory or `near` is in, its package source included)."""
+    clone = [root / name for root in checkout_roots(*near)
+             for name in ("notebooks", "exercises", "solutions", "moe_tutorial")]
+    return [f.resolve() for f in (*clone, package_dir(), default_notebooks_dir())]
 
 
 COMPUTED = object()  # a parameter whose default is not a literal (e.g. read from the environment)
@@ -390,7 +391,7 @@ def check_out_dir(out_dir: Path, sources: list[Path] = ()) -> None:
     folder of a notebook it runs, or a file."""
     out_dir = Path(out_dir)
     where = out_dir.resolve()
-    for folder in source_folders():
+    for folder in source_folders(where):
         if where == folder or where.is_relative_to(folder):
             raise RunError(f"--out {out_dir} is inside the course's own {folder.name}/ folder, "
                            "which a run never writes into; give a folder of its own, "
@@ -648,8 +649,7 @@ def _execute(course: CourseRun, *, log_output: bool, echo) -> CourseRun:
             echo(missing_js)
     course.started = _dt.datetime.now().isoformat(timespec="seconds")
     params = course.parameters
-    repo = PACKAGE_ROOT.parent
-    pythonpath = os.pathsep.join(p for p in (str(repo), os.environ.get("PYTHONPATH")) if p)
+    pythonpath = os.pathsep.join(p for p in (str(import_root()), os.environ.get("PYTHONPATH")) if p)
     env = {MODE_ENV: course.mode, "MOE_TUTORIAL_LIVE": "always" if params["LIVE"] else "0",
            DEVICE_ENV: params.get("DEVICE") or os.environ.get(DEVICE_ENV),
            "PYTHONPATH": pythonpath,
@@ -787,8 +787,11 @@ def _versions() -> list[tuple[str, str]]:
             except importlib.metadata.PackageNotFoundError:
                 continue
         rows.append((dist, version or "not installed"))
+    root = checkout_root()
+    if root is None:  # an installed package run outside a clone has no commit to name
+        return rows
     try:
-        commit = subprocess.run(["git", "-C", str(PACKAGE_ROOT.parent), "describe", "--always",
+        commit = subprocess.run(["git", "-C", str(root), "describe", "--always",
                                  "--dirty"], capture_output=True, text=True, timeout=10)
         if commit.returncode == 0 and commit.stdout.strip():
             rows.append(("course commit", commit.stdout.strip()))
@@ -1086,7 +1089,7 @@ def notebook_json(nb: dict) -> str:
 
 
 def default_solutions_dir() -> Path:
-    """`solutions/` of the current directory, else the one next to this package (a checkout)."""
+    """`solutions/` of the current directory, else that of the clone the current directory is in."""
     return _course_folder("solutions")
 
 
@@ -1163,9 +1166,9 @@ def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set
         raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}; give the "
                          "folder that holds them with --solutions")
     where = exercises_dir.resolve()
-    repo = PACKAGE_ROOT.parent
-    for folder in (solutions_dir, repo / "solutions", repo / "notebooks", default_notebooks_dir(),
-                   PACKAGE_ROOT):
+    clone = [root / name for root in checkout_roots(where)
+             for name in ("solutions", "notebooks", "moe_tutorial")]
+    for folder in (solutions_dir, *clone, default_notebooks_dir(), package_dir()):
         folder = folder.resolve()
         if where == folder or where.is_relative_to(folder):
             raise BuildError(f"--exercises {exercises_dir} is inside {folder.name}/, which the "

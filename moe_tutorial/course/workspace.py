@@ -9,9 +9,9 @@ and edits alike, never touches a tracked file: `make test` stays green after a d
 repository gained since (a new chapter after `git pull`) is added. To get a fresh copy of one
 chapter, delete or rename it in `work/` and run `make lab` again.
 
-The notebooks read nothing through paths relative to where they run: committed results are found
-next to the package (`Path(moe_tutorial.__file__).parents[1] / "benchmarks"`), so they run the
-same from `work/` as from the repository.
+Committed results are read through `perf.results`, which finds the clone from the current directory
+up (work/ holds no package source, so from work/notebooks/ it finds the clone around it): the
+notebooks run the same from `work/` as from the repository.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from ..locations import checkout_root, outside_checkout
+
 WORKSPACE_NAME = "work"
 # What is copied: a folder of the repository, mirrored under the same name in the workspace.
 COPIED_FOLDERS = ("notebooks", "exercises", "solutions")
@@ -42,11 +43,15 @@ def _course_files(repo: Path) -> list[Path]:
 
 
 def prepare_workspace(repo: Path | None = None, workspace: Path | None = None) -> Path:
-    """Create or top up the working copy and return its root (`repo / "work"` by default).
+    """Create or top up the working copy and return its root (`repo / "work"` by default; `repo`:
+    the clone the current directory is in).
 
     Copies each course file that the workspace lacks; keeps every file already there as it is,
     and says which it added and that it kept the rest."""
-    repo = Path(repo) if repo is not None else REPO
+    repo = Path(repo) if repo is not None else checkout_root()
+    if repo is None:
+        raise FileNotFoundError(f"no course notebooks to copy: {outside_checkout()} (git clone "
+                                f"..., then `make lab` there)")
     workspace = Path(workspace) if workspace is not None else repo / WORKSPACE_NAME
     missing = [folder for folder in COPIED_FOLDERS if not (repo / folder).is_dir()]
     if missing:

@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from ..locations import import_root
+
 STARTUP_S = 60.0  # allowance for the launcher to import torch on busy cores
 GRACE_S = 5.0  # how long the other ranks may still run once one has failed
-_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 _LAUNCH = "import sys; from moe_tutorial.parallel.ranks import _launch; _launch(sys.argv[1])"
 # What a rank's collective reports when a *peer* failed or never joined: a consequence, not a cause.
 _PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Timed out waiting")
@@ -203,7 +204,7 @@ def run(fn, world: int, *args, timeout_s: float = 30.0) -> list:
     job = pickle.dumps({"fn": ship(fn), "args": args, "world": world, "timeout_s": timeout_s,
                         "sys_path": sys.path})
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(_PACKAGE_PARENT),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(import_root()),
                                                      os.environ.get("PYTHONPATH")) if p)}
     with tempfile.TemporaryDirectory(prefix="moe-ranks-") as tmp:
         folder = Path(tmp)

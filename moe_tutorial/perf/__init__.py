@@ -1,1 +1,2 @@
-"""Measuring: timing, benchmarks, profiles, speed of light, memory, analysis, widgets."""
+"""Measuring: committed results, timing, benchmarks, profiles, speed of light, memory, analysis,
+widgets."""

@@ -40,16 +40,17 @@ from types import SimpleNamespace
 
 import torch
 
+from ..locations import package_data
 from ..moe import experts, families
 from ..moe.config import PRESETS, MoEConfig, preset
 from ..parallel import distributed
 from ..precision import hardware, recipes
 from ..train.data import check_count
-from . import decide, memory, skew, timing
+from . import decide, memory, results, skew, timing
 from .bench import ExpertShape, make_routing
 from .widgets import Table, format_value
 
-CONFIGS_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS_DIR = package_data("configs")
 SOURCE_KEY = "_source"  # a shipped config's note on where its fields come from (not an HF field)
 COMPUTE_DTYPE = "bfloat16"  # what the course trains in on a GPU
 TOKENS_PER_GPU = (1024, 4096, 16384)
@@ -689,7 +690,7 @@ def recommendation(model: Model, *, sweep: bool | None, batch: int, seq_len: int
                "this machine has no CUDA GPU (torch.cuda.is_available() is False), and the "
                "expert layer timed on a CPU says nothing about a GPU; run this command on the "
                "GPU to measure")
-        cited = source if verdicts is None else f"{source} ({decide.COMMITTED_RESULTS})"
+        cited = source if verdicts is None else f"{source} ({results.H200})"
         summary = {"ran": False, "why_not": why, "verdicts_from": cited}
     tokens = batch * seq_len
     return {"sweep": summary,

@@ -6,11 +6,9 @@ counts and peaks it measures with are in `timing`.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -45,6 +43,7 @@ from ..train.loop import (
     train,
     train_step,
 )
+from . import results
 from .host_syncs import count_host_syncs
 from .timing import (
     Peaks,
@@ -59,21 +58,6 @@ from .timing import (
     tflops,
     time_fn,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-COMMITTED_RESULTS = "benchmarks/results/h200.json"  # the course's committed one-H200 run
-
-
-def results_path(path: str | Path) -> Path:
-    """A result file this benchmark wrote: `path` as given, else relative to the repository (a
-    notebook runs in notebooks/); a clear error when there is none."""
-    path = Path(path)
-    resolved = path if path.is_absolute() or path.exists() else ROOT / path
-    if not resolved.is_file():
-        raise ValueError(f"{path}: no such results file; pass the JSON that `python -m "
-                         f"moe_tutorial bench` wrote (e.g. {COMMITTED_RESULTS})")
-    return resolved
-
 
 # ---------------------------------------------------------------------------------------------
 # What is benchmarked
@@ -444,7 +428,7 @@ def committed_candidate_gains() -> list[dict]:
     """`candidate_gains` of every committed candidate run, each gain with its `run` (file)."""
     gains = []
     for run in CANDIDATE_RUNS:
-        report = json.loads((ROOT / run).read_text())
+        report = results.read(run)
         rows = [r for r in report["results"] if r.get("part") == "train"]
         gains += [{**gain, "run": run, "gpu": report["environment"]["gpu"]}
                   for gain in candidate_gains(rows)]

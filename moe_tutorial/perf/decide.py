@@ -30,7 +30,6 @@ Every point of the grid has top-k 2 and intermediate = 3.5 × hidden (Mixtral-8x
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,13 +39,11 @@ import torch
 
 from ..moe.config import COURSE_MODES
 from ..precision import hardware, recipes
-from . import widgets
+from . import results, widgets
 from .bench import (
-    COMMITTED_RESULTS,
     EXPERT_SHAPES,
     ExpertShape,
     bench_expert_layer,
-    results_path,
 )
 
 TOP_K = 2
@@ -400,12 +397,12 @@ def decision_rule(decisions: dict[str, Verdict], where: str = "this machine",
 # ---------------------------------------------------------------------------------------------
 # The committed GPU results
 
-def committed_rows(path: str | Path = COMMITTED_RESULTS, routing: str = ROUTING) -> list[dict]:
+def committed_rows(path: str | Path = results.H200, routing: str = ROUTING) -> list[dict]:
     """The expert-layer rows of a `python -m moe_tutorial bench` result file, as sweep rows: its
     shapes are `bench.EXPERT_SHAPES`; loop = naive, grouped = te_grouped_linear bf16, te_ops =
     te_ops bf16, fp8 = te_grouped_linear under the recipe `recipe_for(..., "fastest")` picks for
     the file's GPU (Hopper: DelayedScaling; Blackwell: MXFP8BlockScaling)."""
-    report = json.loads(results_path(path).read_text())
+    report = results.read(path)
     env = report.get("environment", {})
     major = int(str(env.get("compute_capability") or "0").split(".")[0])
     kind = {9: "hopper", 10: "blackwell"}.get(major)
@@ -430,7 +427,7 @@ def committed_rows(path: str | Path = COMMITTED_RESULTS, routing: str = ROUTING)
     return [r for shape_rows in by_shape.values() for r in shape_rows]
 
 
-def committed_map(path: str | Path = COMMITTED_RESULTS) -> dict[str, Verdict]:
+def committed_map(path: str | Path = results.H200) -> dict[str, Verdict]:
     """`decision_map` of a GPU benchmark file (`committed_rows`). The committed H200 file holds
     the expert shapes of `bench.EXPERT_SHAPES` it measured — Mixtral's, a fine-grained one (64
     experts), the course's small GPU shape, Qwen3-30B-A3B's and OLMoE-1B-7B's — enough for a

@@ -28,7 +28,6 @@ starts from an empty queue the profiler's own sync left; after it, that sync's w
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -41,7 +40,7 @@ import torch
 
 from ..moe.config import preset
 from ..train.data import check_count
-from . import bench, timing, widgets
+from . import bench, results, timing, widgets
 from .step_profile import _cuda_kernels, profiled_steps
 
 AFTER_SYNC = "after a host sync"
@@ -58,7 +57,7 @@ _PLUMBING = re.compile(r"torch/(nn/modules/module\.py|autograd/|_tensor\.py|util
 # A sync may return a few µs before the profiler's clock puts the last kernel's end.
 CLOCK_SLACK_US = 20.0
 MAX_ROWS = 12  # the largest (cause, where) rows kept; the rest is summed into one row
-COMMITTED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200_idle_gaps.json"
+COMMITTED = f"{results.FOLDER}/h200_idle_gaps.json"
 
 
 @dataclass(frozen=True)
@@ -252,7 +251,7 @@ def profile(step: Callable[[], object], *, device="cuda", steps: int = 3, warmup
 def committed(path: str | Path = COMMITTED) -> dict:
     """The committed run (`python -m moe_tutorial idle-gaps`): its environment, and per variant
     the unprofiled median step time, what the experts ran and the `IdleGaps`."""
-    data = json.loads(Path(path).read_text())
+    data = results.read(path)
     return {**data, "variants": {name: {**v, "gaps": IdleGaps.from_dict(v["gaps"])}
                                  for name, v in data["variants"].items()}}
 

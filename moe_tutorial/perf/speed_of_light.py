@@ -34,7 +34,6 @@ partial sum, marked as a lower bound.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -45,8 +44,7 @@ from ..moe.config import MoEConfig, preset
 from ..moe.model import ATTENTION_BACKENDS
 from ..precision import hardware
 from ..train.data import check_count
-from . import timing, widgets
-from .bench import COMMITTED_RESULTS, results_path
+from . import results, timing, widgets
 from .step_profile import (
     CHAPTER_LABELS,
     COURSE_BARS,
@@ -137,7 +135,7 @@ class Rates:
         return cls(**data)
 
     @classmethod
-    def from_committed(cls, path: str | Path = COMMITTED_RESULTS) -> Rates:
+    def from_committed(cls, path: str | Path = results.H200) -> Rates:
         """The rates a `python -m moe_tutorial bench` result file holds. With a `speed_of_light`
         section, its `rates`. Without one (h200.json as committed): the dense peaks the run
         measured (`dense_bf16_tflops_measured`, `dense_fp8_tflops_measured`, read by
@@ -145,11 +143,10 @@ class Rates:
         attention rate, and its expert-layer rows (`results` with part "expert", field
         `tflops`) time the whole routed expert MLP — permutation, SwiGLU and FP8 casts
         included, which are parts of their own here — so they are not the expert GEMMs' rate."""
-        resolved = results_path(path)
-        doc = json.loads(resolved.read_text())
+        doc = results.read(path)
         if not isinstance(doc, dict):
             raise ValueError(f"{path}: not a benchmark report (a JSON object); pass the file "
-                             f"`python -m moe_tutorial bench` wrote, e.g. {COMMITTED_RESULTS}")
+                             f"`python -m moe_tutorial bench` wrote, e.g. {results.H200}")
         device = (doc.get("environment") or {}).get("gpu") or "unknown device"
         if "speed_of_light" in doc:
             rates = cls.from_dict(doc["speed_of_light"]["rates"])
@@ -628,10 +625,10 @@ def step_floors(config: MoEConfig, batch: int, seq_len: int, rates: Rates, *,
             for p in PRECISIONS}
 
 
-def committed_section(path: str | Path = COMMITTED_RESULTS) -> dict:
+def committed_section(path: str | Path = results.H200) -> dict:
     """The `speed_of_light` section of a benchmark report (h200.json as committed): its rates,
     the floors and each profiled chapter's comparison."""
-    doc = json.loads(results_path(path).read_text())
+    doc = results.read(path)
     if not doc.get("speed_of_light"):
         raise ValueError(f"{path} has no speed_of_light section: run `python -m moe_tutorial "
                          f"speed-of-light --profile-upto fp8 --out FILE` on a GPU and merge FILE "

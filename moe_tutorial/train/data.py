@@ -71,6 +71,7 @@ from pathlib import Path
 
 import torch
 
+from ..locations import package_data
 from ..moe.config import AMINO_ACIDS, BOS_ID, EOS_ID, SPECIAL_TOKENS, UNKNOWN, VOCAB, VOCAB_SIZE
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class ProteinTokenizer:
 # ---------------------------------------------------------------------------------------------
 # FASTA
 
-DEFAULT_FASTA = Path(__file__).parents[1] / "assets" / "cath_s40_v4_1_0.fa.gz"
+DEFAULT_FASTA = package_data("assets", "cath_s40_v4_1_0.fa.gz")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 

@@ -1,0 +1,80 @@
+"""The one reader of committed results (`perf.results`) and where the package finds files
+(`locations`): a clone found from the current directory up, make lab's work/ copy included, and
+one clear line outside any clone."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_tutorial import locations
+from moe_tutorial.perf import results
+
+
+@pytest.fixture()
+def clone(tmp_path):
+    """A clone with one committed result, and make lab's work/ copy inside it."""
+    root = tmp_path / "clone"
+    for folder in ("moe_tutorial", "notebooks", "solutions", "benchmarks/results",
+                   "work/notebooks", "work/solutions"):
+        (root / folder).mkdir(parents=True)
+    (root / "benchmarks" / "results" / "run.json").write_text(json.dumps({"gpu": "H200"}))
+    return root
+
+
+@pytest.mark.parametrize("where", [".", "notebooks", "work/notebooks"])
+def test_committed_results_are_found_from_anywhere_in_the_clone(clone, monkeypatch, where):
+    monkeypatch.chdir(clone / where)
+    committed = clone / "benchmarks" / "results" / "run.json"
+    assert locations.checkout_root() == clone.resolve()
+    assert results.find("run.json") == results.find("benchmarks/results/run.json")
+    assert results.find("run.json").resolve() == committed.resolve()
+    assert results.read("run.json") == {"gpu": "H200"}
+    assert results.find("other.json") is None
+
+
+def test_a_file_given_as_a_path_is_read_as_it_is(clone, tmp_path, monkeypatch):
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"gpu": "mine"}))
+    monkeypatch.chdir(clone)
+    assert results.read(mine) == {"gpu": "mine"}
+
+
+def test_outside_a_clone_the_error_says_where_it_looked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert locations.checkout_root() is None and results.find(results.H200) is None
+    with pytest.raises(ValueError) as raised:
+        results.read(results.H200)
+    message = str(raised.value)
+    assert message.startswith(f"{results.H200}: no such results file, and no clone of the "
+                              f"course's repository in {Path.cwd()}")
+    assert "\n" not in message and "python -m moe_tutorial bench" in message
+
+
+def test_a_missing_file_in_a_clone_names_the_folder(clone, monkeypatch):
+    monkeypatch.chdir(clone)
+    with pytest.raises(ValueError, match=r"other\.json: no such results file \(nor in .*"
+                                         r"benchmarks/results\)"):
+        results.path("other.json")
+    with pytest.raises(ValueError, match=r"no such results file; pass the JSON"):
+        results.path(clone / "absent.json")
+
+
+def test_package_data_is_found_through_the_package():
+    assert (locations.package_data("configs") / "qwen3-moe-30b-a3b.json").is_file()
+    assert locations.package_dir() == Path(locations.__file__).resolve().parent
+    assert (locations.import_root() / "moe_tutorial" / "locations.py").is_file()
+
+
+def test_a_target_in_a_clone_is_guarded_from_outside_it(clone, tmp_path, monkeypatch):
+    """Run from outside the clone, a write through a link into its notebooks/ is still refused."""
+    from moe_tutorial import safe_io
+
+    monkeypatch.chdir(tmp_path)
+    target = clone / "notebooks" / "new" / "out.json"
+    assert locations.checkout_roots(target) == [clone.resolve()]
+    assert (clone / "notebooks").resolve() in safe_io.course_folders(target)
+    link = tmp_path / "out.json"
+    link.symlink_to(target)
+    with pytest.raises(safe_io.UnsafeWrite, match="inside the course's own notebooks/ folder"):
+        safe_io.check_target(link, replace=True)

@@ -275,8 +275,10 @@ def test_compiled_candidates_take_the_same_step():
     for name in ("ours_te_ops_bf16_compiled_loss", "ours_te_ops_bf16_compiled_adamw",
                  "ours_te_ops_bf16_compiled_step_in_backward"):
         for got, want in zip(after[name], after["ours_te_ops_bf16"]):
-            # a step moves a weight by ~lr (Adam): 1e-5 is a thousandth of one
-            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+            # a step moves a weight by ~lr (Adam): 2e-5 is two thousandths of one. The compiled
+            # kernels sum in another order (which also depends on the thread count), and Adam
+            # divides a near-zero gradient's rounding by that gradient's own RMS
+            torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     with pytest.raises(ValueError, match="does not apply"):
         bench.variant("ours_te_ops_bf16_compiled_adamw").optimizer(model, 1e-2, "te_fused_adam")
 

@@ -40,8 +40,22 @@ def checkout_root(start: Path | None = None) -> Path | None:
     notebook runs in notebooks/ (or work/notebooks/), the commands at the root: all find the
     same clone."""
     here = (start or Path.cwd()).resolve()
-    return next((folder for folder in (here, *here.parents)
-                 if all((folder / name).is_dir() for name in CHECKOUT_FOLDERS)), None)
+    for folder in (here, *here.parents):
+        if _is_checkout(folder):
+            return folder
+        marker = folder / CLONE_MARKER
+        if marker.is_file() and _is_checkout(clone := Path(marker.read_text().strip())):
+            return clone  # a working copy made elsewhere (make lab's, the browser test's)
+    return None
+
+
+# What `make lab`'s working copy holds at its root: the path of the clone it was copied from, so
+# a notebook run in a working copy outside the clone still finds the clone's results.
+CLONE_MARKER = ".moe-tutorial-clone"
+
+
+def _is_checkout(folder: Path) -> bool:
+    return all((folder / name).is_dir() for name in CHECKOUT_FOLDERS)
 
 
 def checkout_roots(*paths: Path) -> list[Path]:

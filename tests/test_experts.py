@@ -1,11 +1,11 @@
-import json
 
 import pytest
 import torch
 
 from moe_tutorial.moe.experts import BACKENDS, ExpertMLP, default_backend, grouped_mm
 from moe_tutorial.moe.routing import route
-from moe_tutorial.perf.bench import EXPERT_SHAPES, ROOT
+from moe_tutorial.perf import results
+from moe_tutorial.perf.bench import EXPERT_SHAPES
 
 
 def _experts(E=4, H=16, I=24, dtype=torch.float32):
@@ -134,7 +134,7 @@ def test_the_default_backend_rule_is_what_the_h200_measured():
     pick for its shape, and that pick was at least as fast (within the ±5% the expert layer's
     timings move between runs) as the other backend the rule chooses from, for every shape and
     routing."""
-    report = json.loads((ROOT / "benchmarks/results/h200.json").read_text())
+    report = results.read("h200.json")
     rows = [r for r in report["results"] if r["part"] == "expert" and r.get("status") == "ok"
             and r["precision"] == "bf16"]
     cases = {(r["shape"], r["routing"]) for r in rows}

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..locations import checkout_root, outside_checkout
+from ..locations import CLONE_MARKER, checkout_root, outside_checkout
 
 WORKSPACE_NAME = "work"
 # What is copied: a folder of the repository, mirrored under the same name in the workspace.
@@ -61,6 +61,8 @@ def prepare_workspace(repo: Path | None = None, workspace: Path | None = None) -
     if workspace.exists() and not workspace.is_dir():
         raise FileExistsError(f"{workspace} is a file, not the course's working folder; move it "
                               f"away and run `make lab` again")
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / CLONE_MARKER).write_text(f"{repo.resolve()}\n")  # ours, not the learner's
     added, kept = [], 0
     for relative in _course_files(repo):
         target = workspace / relative

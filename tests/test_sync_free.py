@@ -81,6 +81,20 @@ def _outputs_and_grads(module, x, indices, weights):
     return out, x.grad, w.grad, *grads
 
 
+def _compare_with_the_loop(ref, x, weights, indices, backend, tolerance):
+    """`backend`'s output and every gradient against the loop `ref`, each finite and within
+    `tolerance` (relative); returns the backend's experts."""
+    expected = _outputs_and_grads(ref, x, indices, weights)
+    ours = convert_experts(ref, backend)
+    for p in ours.parameters():
+        p.grad = None
+    got = _outputs_and_grads(ours, x, indices, weights)
+    for name, a, b in zip(("out", "d_x", "d_weights", "d_gate_up", "d_down"), got, expected):
+        assert torch.isfinite(a).all(), f"{backend} {name} not finite"
+        assert _relerr(a, b) < tolerance, f"{backend} {name}: {_relerr(a, b):.2e}"
+    return ours
+
+
 @pytest.mark.parametrize("backend, tolerance", [("sync_free", 1e-5), ("sync_free_fp8", 0.15),
                                                 ("sync_free_fp8_wgrad", 0.15)])
 @pytest.mark.parametrize("skew", [False, True])
@@ -89,14 +103,7 @@ def test_sync_free_experts_match_the_loop(backend, tolerance, skew):
     loop: fp32 arithmetic exactly up to summation order, FP8 (emulated here: the same quantized
     operands) within the benchmark's FP8 tolerance (`bench.TOLERANCE`: E4M3's rounding of both
     operands, ~5% a GEMM, more where an expert's few rows are the sum's only terms)."""
-    ref, x, weights, indices = _experts_problem(skew=skew)
-    expected = _outputs_and_grads(ref, x, indices, weights)
-    ours = convert_experts(ref, backend)
-    for p in ours.parameters():
-        p.grad = None
-    got = _outputs_and_grads(ours, x, indices, weights)
-    for name, a, b in zip(("out", "d_x", "d_weights", "d_gate_up", "d_down"), got, expected):
-        assert _relerr(a, b) < tolerance, f"{backend} {name}: {_relerr(a, b):.2e}"
+    ours = _compare_with_the_loop(*_experts_problem(skew=skew), backend, tolerance)
     assert ("emulated" in ours.last_path) == backend.startswith("sync_free_fp8")
 
 
@@ -223,15 +230,7 @@ def _gpu_problem(E=8, H=256, I=512, T=1024, k=2, skew=False):
 def test_gpu_sync_free_experts_match_the_loop(backend, tolerance, skew):
     """bf16 and FP8 (torch._scaled_grouped_mm on Hopper) against the loop: the benchmark's
     tolerances (bench.TOLERANCE) for output and every gradient."""
-    ref, x, weights, indices = _gpu_problem(skew=skew)
-    expected = _outputs_and_grads(ref, x, indices, weights)
-    ours = convert_experts(ref, backend)
-    for p in ours.parameters():
-        p.grad = None
-    got = _outputs_and_grads(ours, x, indices, weights)
-    for name, a, b in zip(("out", "d_x", "d_weights", "d_gate_up", "d_down"), got, expected):
-        assert torch.isfinite(a).all(), f"{backend} {name} not finite"
-        assert _relerr(a, b) < tolerance, f"{backend} {name}: {_relerr(a, b):.2e}"
+    ours = _compare_with_the_loop(*_gpu_problem(skew=skew), backend, tolerance)
     if backend != "sync_free" and torch.cuda.get_device_capability()[0] == 9:
         assert "torch._scaled_grouped_mm" in ours.last_path
 

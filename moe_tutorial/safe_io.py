@@ -240,8 +240,3 @@ def check_folder_free(directory: str | Path, what: str) -> None:
     if Path(directory).is_dir():
         with hold_folder(directory, what):
             pass
-
-
-def write_atomically(path: str | Path, text: str) -> None:
-    """Write a file this program owns whole or not at all (see `atomic_file`), replacing it."""
-    write_text(path, text, replace=True)

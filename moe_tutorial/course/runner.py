@@ -94,7 +94,7 @@ from ..locations import checkout_root, checkout_roots, import_root, package_dir
 from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
 from ..precision.hardware import DEVICE_ENV, capabilities
 from ..precision.hardware import check_device as check
-from ..safe_io import LOCK_NAME, FolderBusy, WriteFailed, hold_folder, write_atomically
+from ..safe_io import LOCK_NAME, FolderBusy, WriteFailed, hold_folder, write_text
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 CLOSING_TAG = "closing"
@@ -439,8 +439,9 @@ def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *
                 (out_dir / name).unlink(missing_ok=True)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(out_dir / RUN_MANIFEST, json.dumps(
-            {"written_by": "python -m moe_tutorial run", "files": sorted(files)}, indent=1) + "\n")
+        write_text(out_dir / RUN_MANIFEST, json.dumps(
+            {"written_by": "python -m moe_tutorial run", "files": sorted(files)}, indent=1) + "\n",
+            replace=True)
     except OSError as exc:
         raise RunError(f"--out {out_dir} cannot be written ({exc.strerror or exc}); "
                        "give a folder you can write to") from None
@@ -612,7 +613,7 @@ def write_html(run: NotebookRun) -> Path:
         nb, resources={"metadata": {"name": run.name, "path": str(run.source.parent)}})
     if figures:
         page = page.replace("</head>", f'<script src="{PLOTLY_JS}"></script>\n</head>', 1)
-    write_atomically(run.html, page)
+    write_text(run.html, page, replace=True)
     return run.html
 
 
@@ -622,7 +623,7 @@ def _write_plotly_js(out_dir: Path) -> str:
         from plotly.offline import get_plotlyjs
     except ImportError:
         return "plotly is not installed: the HTML renderings show their figures as text"
-    write_atomically(out_dir / PLOTLY_JS, get_plotlyjs())
+    write_text(out_dir / PLOTLY_JS, get_plotlyjs(), replace=True)
     return ""
 
 
@@ -901,7 +902,7 @@ computed in this run, on this machine; figures quoted from elsewhere name their 
 <p class="muted">Written by <code>python -m moe_tutorial run</code>.</p>
 </body></html>
 """
-    write_atomically(course.report, page)  # whole or not at all: a stopped run leaves no half page
+    write_text(course.report, page, replace=True)  # whole or not at all: a stopped run leaves no half page
     return course.report
 
 

@@ -18,11 +18,12 @@ import argparse
 import json
 
 import torch
+from torch.nn.attention import SDPBackend
 
 from moe_tutorial.moe import model, sync_free
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
-from moe_tutorial.perf import bench
+from moe_tutorial.perf import bench, speed_of_light
 from moe_tutorial.perf.timing import environment, measure_peaks
 from moe_tutorial.train import graphed
 
@@ -39,12 +40,14 @@ def main() -> None:
     parser.add_argument("--curve-variants", nargs="*", default=[])
     parser.add_argument("--curve-steps", type=int, default=80)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--probe-cudnn-graph", action="store_true",
-                        help="only replay a graphed step of the tiny model with cuDNN attention "
-                             "captured (what `graphed.graph_safe_attention` avoids)")
+    parser.add_argument("--probe-graph", nargs=3, metavar=("ATTENTION", "ROPE", "BACKEND"),
+                        help="only replay a graphed step of the tiny model with this attention "
+                             "kernel (cudnn, flash, efficient), RoPE (te, torch) and expert "
+                             "backend: whether replays and a read of the loss succeed (run each "
+                             "in its own process: an illegal memory access ends the context)")
     args = parser.parse_args()
-    if args.probe_cudnn_graph:
-        probe_cudnn_graph()
+    if args.probe_graph:
+        probe_graph(*args.probe_graph)
         return
 
     env = environment()
@@ -72,6 +75,8 @@ def main() -> None:
         config = preset("mixtral-2l")
         bench.bench_train_step(config, args.train_variants, batch=2, seq_len=4096,
                                iters=args.iters, on_result=save)
+        save_floors(report, config, batch=2, seq_len=4096)
+        save()
     if args.curve_variants:
         config = preset("mixtral-2l")
         for row in bench.graphed_loss_curves(config, args.curve_variants, steps=args.curve_steps):
@@ -81,21 +86,46 @@ def main() -> None:
     print(bench.format_summary(report["summary"]))
 
 
-def probe_cudnn_graph() -> None:
-    """A graphed step of the tiny model with the model's own attention choice (cuDNN first)
-    captured: prints whether five replays and a read of the loss succeed."""
+def save_floors(report: dict, config, *, batch: int, seq_len: int, device="cuda") -> None:
+    """The step's speed-of-light floor per precision at rates measured now, in this process
+    (`speed_of_light.step_floors`), and each timed training row's fraction of its floor."""
+    rates = speed_of_light.measure_rates(device, config, batch, seq_len)
+    floors = speed_of_light.step_floors(config, batch, seq_len, rates)
+    report["speed_of_light"] = {"rates": rates.to_dict(),
+                                "floors": {p: f.to_dict() for p, f in floors.items()}}
+    for row in report["results"]:
+        if row.get("part") == "train" and row.get("status") == "ok":
+            total = floors[row["precision"]].total_ms
+            row["floor_ms"] = total
+            row["fraction_of_floor"] = None if total is None else total / row["median_ms"]
+    print({p: f.total_ms for p, f in floors.items()}, "ms floors;",
+          {r["variant"]: r.get("fraction_of_floor") for r in report["results"]
+           if r.get("part") == "train"})
 
-    graphed.GRAPH_SAFE_ATTENTION_BACKENDS = model.ATTENTION_BACKENDS
+
+PROBE_ATTENTION = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+                   "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def probe_graph(attention: str, rope: str, backend: str) -> None:
+    """A graphed step of the tiny model (bf16) with one attention kernel, TE's fused RoPE or
+    torch's, and one expert backend captured: prints whether eight calls (two eager, the
+    capture, five replays) and a read of their losses succeed."""
+
+    graphed.GRAPH_SAFE_ATTENTION_BACKENDS = [PROBE_ATTENTION[attention]]
+    if rope == "torch":  # `Rotary` takes TE's kernel only where it finds TE
+        model.hardware.transformer_engine = lambda: None
     config = preset("tiny").with_overrides(dtype="bfloat16")
     torch.manual_seed(0)
-    net = MoEForCausalLM(config, device="cuda").set_expert_backend("sync_free")
+    net = MoEForCausalLM(config, device="cuda").set_expert_backend(backend)
     step = graphed.GraphedTrainStep(net, graphed.capturable_adamw(net, 1e-3))
     ids = torch.randint(0, config.vocab_size, (2, 64), device="cuda")
+    label = f"graph probe attention={attention} rope={rope} backend={backend}"
     try:
         losses = [step((ids, next_token_targets(ids))).clone() for _ in range(8)]
-        print("cuDNN attention captured: replays ran, losses", torch.stack(losses).tolist())
+        print(f"{label}: ok, losses", [round(x, 4) for x in torch.stack(losses).tolist()])
     except Exception as exc:
-        print(f"cuDNN attention captured: {type(exc).__name__}: {exc}"[:300])
+        print(f"{label}: {type(exc).__name__}: {exc}"[:400])
 
 
 if __name__ == "__main__":

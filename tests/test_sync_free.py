@@ -18,6 +18,7 @@ from moe_tutorial.moe.sync_free import (
 )
 from moe_tutorial.perf import host_syncs
 from moe_tutorial.perf.host_syncs import HostSync, host_sync_entry_points
+from moe_tutorial.train import graphed
 from moe_tutorial.train.graphed import train_step_body
 
 
@@ -245,18 +246,18 @@ def test_gpu_graphed_step_has_no_host_sync_and_trains_like_eager(backend):
     batches = [torch.randint(0, config.vocab_size, (2, 64), generator=gen).cuda()
                for _ in range(6)]
     losses = {}
-    for graphed in (False, True):
+    for is_graphed in (False, True):
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device="cuda").set_expert_backend(backend)
         optimizer = graphed.capturable_adamw(model, 1e-3)
         params = [p for p in model.parameters() if p.requires_grad]
-        step = (graphed.GraphedTrainStep(model, optimizer, warmup=2) if graphed else
+        step = (graphed.GraphedTrainStep(model, optimizer, warmup=2) if is_graphed else
                 lambda b: (optimizer.zero_grad(set_to_none=True),
                            train_step_body(model, b, params, optimizer, 1.0))[1])
         run = []
         for i, ids in enumerate(batches):
             batch = (ids, next_token_targets(ids))
-            if graphed and i >= 3:  # captured at call 3: the rest replay
+            if is_graphed and i >= 3:  # captured at call 3: the rest replay
                 torch.cuda.set_sync_debug_mode("error")
                 try:
                     run.append(step(batch).clone())
@@ -264,7 +265,7 @@ def test_gpu_graphed_step_has_no_host_sync_and_trains_like_eager(backend):
                     torch.cuda.set_sync_debug_mode(0)
             else:
                 run.append(step(batch).clone())
-        losses[graphed] = torch.stack(run).float().cpu()
+        losses[is_graphed] = torch.stack(run).float().cpu()
     tolerance = 0.02 if backend == "sync_free" else 0.05
     assert (losses[True] - losses[False]).abs().max() < tolerance, losses
     count, places = host_syncs.count_host_syncs(lambda: step(batch))

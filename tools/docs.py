@@ -23,6 +23,9 @@ each with the file it was published in. The output is a function of the committe
 The README's chapter table is rendered too: each chapter's reading time is estimated from the
 chapter notebook's words and code (`reading_minutes`), its run time is the one measured by a
 headless run of the course (`python -m moe_tutorial run`, recorded with `docs --record-run`).
+Each chapter's header states the same two times: a `chapter-time` region in the first markdown
+cell of a notebook under `notebooks/` is rendered in place (a notebook without one is left
+alone), and `--check` fails where it disagrees.
 """
 
 from __future__ import annotations
@@ -1168,7 +1171,14 @@ CHAPTER_LESSONS = {
                           "and what each GPU holds under data vs expert parallelism.",
     "08_your_model": "Your own MoE (Qwen3-MoE, OLMoE, DeepSeek-V3 or your config.json): "
                      "analysed, converted from transformers, trained.",
+    "09_deep_dive": "Optional, after the chapters: speed-of-light floors, idle gaps, the compiled "
+                    "and in-backward optimizers, and the history of the H200 runs.",
 }
+# Notebooks the table lists but its totals leave out: read them or not, the course is complete.
+OPTIONAL_NOTEBOOKS = {"09_deep_dive"}
+# The generated region of each chapter's header (the first markdown cell of its notebook): the
+# chapter's reading time and its run time, as the README's table states them.
+CHAPTER_TIME = "chapter-time"
 # Reading speeds behind `reading_minutes`: prose at a careful technical pace, code slower, a
 # line read and understood at a time.
 PROSE_WORDS_PER_MINUTE = 200
@@ -1177,19 +1187,21 @@ COURSE_RUN = "cpu_course_small.json"  # the run the README's chapter table quote
 _WORD = re.compile(r"[^\W_][\w'’.-]*")
 
 
-def chapter_notebooks() -> list[Path]:
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+def chapter_notebooks(folder: Path | None = None) -> list[Path]:
+    """The course's notebooks (`NN_*.ipynb`) in `folder` (default: this checkout's), in order."""
+    return sorted((folder or NOTEBOOKS).glob("[0-9][0-9]_*.ipynb"))
 
 
 def reading_minutes(notebook: Path) -> int:
     """Minutes to read a chapter: its markdown's words at `PROSE_WORDS_PER_MINUTE` plus its code
     lines (neither blank nor only a comment) at `CODE_LINES_PER_MINUTE`, rounded up to 5
-    minutes (an estimate, and a rounding that small edits do not move)."""
+    minutes (an estimate, and a rounding that small edits do not move). Generated regions do
+    not count: the time they state must not move the time they state."""
     words = lines = 0
     for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            words += len(_WORD.findall(source))
+            words += len(_WORD.findall(_REGION.sub("", source)))
         elif cell["cell_type"] == "code":
             lines += sum(1 for line in source.splitlines()
                          if line.strip() and not line.strip().startswith("#"))
@@ -1214,22 +1226,26 @@ def chapter_times() -> str:
     in the committed headless run, then the totals and where they come from."""
     run = _load(COURSE_RUN)
     seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
-    rows, reading = [], 0
-    for notebook in chapter_notebooks():
+    def row(notebook: Path) -> list[str]:
         name = notebook.stem
         if name not in CHAPTER_LESSONS:
             raise DocsError(f"chapter {name} has no sentence in docs.CHAPTER_LESSONS: add what "
                             "it teaches there")
-        minutes = reading_minutes(notebook)
-        reading += minutes
         ran = _duration(seconds[name]) if name in seconds else "not measured yet"
-        rows.append([f"[{name}](notebooks/{notebook.name})", CHAPTER_LESSONS[name],
-                     f"{minutes} min", ran])
+        return [f"[{name}](notebooks/{notebook.name})", CHAPTER_LESSONS[name],
+                f"{reading_minutes(notebook)} min", ran]
+
+    # The optional notebooks come after the total, which counts the chapters only.
+    counted = [n for n in chapter_notebooks() if n.stem not in OPTIONAL_NOTEBOOKS]
+    optional = [n for n in chapter_notebooks() if n.stem in OPTIONAL_NOTEBOOKS]
+    rows = [row(notebook) for notebook in counted]
+    reading = sum(reading_minutes(notebook) for notebook in counted)
     env = run["environment"]
-    total = sum(seconds.get(n.stem, 0.0) for n in chapter_notebooks())
-    unmeasured = any(n.stem not in seconds for n in chapter_notebooks())
+    total = sum(seconds.get(n.stem, 0.0) for n in counted)
+    unmeasured = any(n.stem not in seconds for n in counted)
     rows.append(["**in all**", "each chapter's exercise comes on top", f"**{_hours(reading)}**",
                  f"**{_duration(total)}**" + (" and the chapters not measured" * unmeasured)])
+    rows += [row(notebook) for notebook in optional]
     note = f" {run['note']}" if run.get("note") else ""
     return (_table(["chapter", "you learn", "reading", f"run ({run['mode']} mode)"],
                    ["---", "---", "---:", "---:"], rows)
@@ -1238,6 +1254,62 @@ def chapter_times() -> str:
             f"`python -m moe_tutorial run` (what `make course` runs) in {run['mode']} mode on "
             f"{env['cpu_count']} CPU cores ({env['cpu_model']}, torch {env['torch']}, "
             f"{env['date'][:10]}): {_link(COURSE_RUN)}{_shared(run, env)}.{note}")
+
+
+def chapter_time(notebook: Path) -> str:
+    """A chapter header's line: its reading time and its run time in the committed headless run
+    (the numbers of the README's chapter table)."""
+    run = _load(COURSE_RUN)
+    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    env = run["environment"]
+    machine = (f"{env['cpu_count']} CPU cores" if env["gpu"] is None
+               else f"{env['gpu_count']} × {env['gpu']}")
+    ran = (f"{_duration(seconds[notebook.stem])}, measured by `make course` "
+           f"(`{RESULTS_LINK}/{COURSE_RUN}`)" if notebook.stem in seconds
+           else "not measured yet")
+    return (f"*Reading: about {reading_minutes(notebook)} min · run ({run['mode']} mode, "
+            f"{machine}): {ran}*")
+
+
+def _header_region(path: Path, text: str) -> tuple[int, int] | None:
+    """The lines of the notebook's JSON `text` between its first markdown cell's chapter-time
+    markers, as (first, end) line indices; None when that cell has no such region. Each line of
+    a cell's source is one JSON string on one line of the file, so the region is rewritten in
+    place and the rest of the file keeps its layout byte for byte."""
+    try:
+        cells = json.loads(text)["cells"]
+    except (ValueError, KeyError, TypeError):
+        raise DocsError(f"{path}: not a notebook's JSON; restore it from git") from None
+    header = next((c for c in cells if c.get("cell_type") == "markdown"), None)
+    source = "".join(header["source"]) if header else ""
+    markers = [m[1] for m in _MARKER.finditer(source) if m[2] == CHAPTER_TIME]
+    if not markers:
+        return None
+    if markers != ["BEGIN", "END"] or not any(m["name"] == CHAPTER_TIME
+                                             for m in _REGION.finditer(source)):
+        raise DocsError(f"{path}: the first markdown cell's {CHAPTER_TIME} markers do not pair "
+                        f"up; write them as two lines, {_block(CHAPTER_TIME, '')!r}")
+    lines = text.split("\n")
+    begin = [i for i, line in enumerate(lines)
+             if f"<!-- BEGIN generated: {CHAPTER_TIME} " in line]
+    end = [i for i, line in enumerate(lines) if f"<!-- END generated: {CHAPTER_TIME} " in line]
+    if len(begin) != 1 or len(end) != 1 or not begin[0] < end[0]:
+        raise DocsError(f"{path}: the {CHAPTER_TIME} markers must each be one line of the first "
+                        "markdown cell, and only there")
+    return begin[0] + 1, end[0]
+
+
+def render_chapter_time(path: Path, text: str) -> str:
+    """The notebook's JSON `text` with its header's chapter-time region rewritten (unchanged
+    when it has none)."""
+    span = _header_region(path, text)
+    if span is None:
+        return text
+    lines = text.split("\n")
+    indent = re.match(r"\s*", lines[span[1]])[0]
+    body = [f"{indent}{json.dumps(line + chr(10), ensure_ascii=False)},"
+            for line in chapter_time(path).splitlines()]
+    return "\n".join(lines[:span[0]] + body + lines[span[1]:])
 
 
 def _shared(run: dict, env: dict) -> str:
@@ -1501,7 +1573,16 @@ def _rendered(root: Path) -> dict[str, tuple[str, str]]:
     chart = root / CHART
     out[CHART] = (chart.read_text(encoding="utf-8") if chart.exists() else "",
                   train_step_chart())
+    for notebook in chapter_notebooks(root / NOTEBOOKS.name):
+        text = notebook.read_text(encoding="utf-8")
+        out[f"{NOTEBOOKS.name}/{notebook.name}"] = (text, render_chapter_time(notebook, text))
     return out
+
+
+def _header(text: str) -> str:
+    """A notebook's first markdown cell, from its JSON."""
+    cells = json.loads(text)["cells"]
+    return next(("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"), "")
 
 
 def check(root: str | Path = ROOT, max_lines: int = 12) -> list[str]:
@@ -1514,6 +1595,8 @@ def check(root: str | Path = ROOT, max_lines: int = 12) -> list[str]:
                 problems.append(f"{doc} " + ("is missing" if not current else
                                             "differs from what h200.json draws"))
             continue
+        if doc.endswith(".ipynb"):
+            current, wanted = _header(current), _header(wanted)
         now = {m["name"]: m["body"] for m in _REGION.finditer(current)}
         for m in _REGION.finditer(wanted):
             name, body = m["name"], m["body"]

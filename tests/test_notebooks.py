@@ -22,6 +22,9 @@ from notebook_conventions import (
 )
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# 00 and the chapters 01-08; after them, an optional deep dive (09) that teaches no new step: it
+# is run and checked for structure like every notebook, without a chapter's teaching shape.
+CHAPTERS = [nb for nb in NOTEBOOKS if nb.name[:2] <= "08"]
 
 
 def test_the_course_has_notebooks():
@@ -37,7 +40,7 @@ def test_notebook_structure(notebook):
     assert closing and all(c["cell_type"] == "code" for c in closing)
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
 def test_notebook_teaches_by_the_course_conventions(notebook):
     """A `recap` cell, a graded `predict` cell, figures with alt text; chapters 01-06 show a
     figure and link their exercise, whose solution links back."""

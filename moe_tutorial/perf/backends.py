@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from ..moe import experts
 from ..precision.quant import rel_error
 from . import results, widgets

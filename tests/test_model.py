@@ -4,14 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from moe_tutorial.moe.batch import IGNORE_INDEX, next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import (
-    IGNORE_INDEX,
-    MoEForCausalLM,
-    RMSNorm,
-    cross_entropy,
-    next_token_targets,
-)
+from moe_tutorial.moe.hf import from_hf, to_hf_state_dict
+from moe_tutorial.moe.loss import cross_entropy
+from moe_tutorial.moe.model import MoEForCausalLM, RMSNorm
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -30,7 +27,7 @@ def _hf_model(cfg, experts_implementation):
 def test_parity_with_hf_mixtral(hf_experts, backend):
     cfg = preset("tiny")
     hf = _hf_model(cfg, hf_experts)
-    ours = MoEForCausalLM.from_hf(hf, expert_backend=backend)
+    ours = from_hf(hf, expert_backend=backend)
     ids = torch.randint(0, cfg.vocab_size, (3, 24))
 
     ref = hf(ids, labels=ids, output_router_logits=True)
@@ -53,7 +50,7 @@ def test_state_dict_round_trip_into_hf():
     cfg = preset("tiny")
     ours = MoEForCausalLM(cfg)  # our own initialisation
     hf = _hf_model(cfg, "eager")
-    missing, unexpected = hf.load_state_dict(ours.to_hf_state_dict(), strict=True)
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours), strict=True)
     assert not missing and not unexpected
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, rtol=1e-5, atol=1e-5)
@@ -64,7 +61,7 @@ def test_from_hf_refuses_what_it_cannot_represent():
     hf = _hf_model(cfg, "eager")
     hf.config.sliding_window = 8
     with pytest.raises(ValueError, match="sliding_window=8"):
-        MoEForCausalLM.from_hf(hf)
+        from_hf(hf)
 
 
 def test_ignored_targets_and_sequence_limit():

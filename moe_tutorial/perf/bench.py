@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..moe.batch import next_token_targets
 from ..moe.config import preset
 from ..moe.experts import (
     SELF_QUANTIZING_BACKENDS,
@@ -21,7 +22,7 @@ from ..moe.experts import (
     default_backend,
 )
 from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
-from ..moe.model import MoEForCausalLM, next_token_targets
+from ..moe.model import MoEForCausalLM
 from ..moe.routing import route
 from ..precision import hardware, recipes
 from ..precision.quant import rel_error

@@ -42,9 +42,10 @@ from torch.distributed.tensor import DTensor
 
 from .. import safe_io
 from ..moe import routing
+from ..moe.batch import next_token_targets
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import TE_BACKENDS, TORCH_BACKENDS
-from ..moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
+from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..parallel import dist_checkpoint, distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
 from ..parallel.sharded_init import load_hf_shards

@@ -185,10 +185,10 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             module_backend = backend.removesuffix(CUTLASS)
             gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
             experts = (convert_experts(base, module_backend) if backend != "naive" else base)
-            recipe = None
-            if precision != "bf16" and module_backend not in SELF_QUANTIZING_BACKENDS:
-                choice = recipes.recipe_for(caps, precision)
-                recipe = choice.build()  # the TE experts read it, and its alignment, from autocast
+            recipe = None  # bf16, or a backend that quantizes by itself
+            if module_backend not in SELF_QUANTIZING_BACKENDS:
+                # the TE experts read the recipe, and its alignment, from autocast
+                recipe = recipes.resolve(precision, caps).build()
             x = hidden.detach().clone().requires_grad_()
             w = weights.detach().clone().requires_grad_()
 

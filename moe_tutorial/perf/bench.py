@@ -271,7 +271,7 @@ class Variant:
     def build(self, config, device):
         """(the trained module, forward(inputs, targets) -> loss) from the seeded initial weights
         every variant shares. HF computes `labels=input_ids` targets itself: the same ones as
-        `model.next_token_targets`, which its forward is handed (comparable losses)."""
+        `batch.next_token_targets`, which its forward is handed (comparable losses)."""
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:

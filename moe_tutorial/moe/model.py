@@ -361,10 +361,9 @@ class MoEForCausalLM(nn.Module):
         one on this machine ('bf16': no autocast; 'fp8': the fastest FP8 recipe this GPU runs;
         'closest_to_mxfp8'; a TE recipe name such as 'MXFP8BlockScaling'). FP8 needs TE on a
         GPU and TE experts; it turns the attention projections into TE modules."""
-        caps = capabilities or hardware.capabilities()
-        chosen = recipes.resolve(precision, caps)
+        chosen = recipes.resolve(precision, capabilities)
         if chosen.recipe is not None:
-            self._check_can_train_in(chosen, caps)
+            self._check_can_train_in(chosen, capabilities or hardware.capabilities())
             for layer in self.model.layers:
                 te_projections.fuse_attention_projections(layer.self_attn,
                                                           hardware.transformer_engine())

@@ -39,9 +39,9 @@ def test_the_reading_path_is_at_most_400_lines():
     assert sum(lines.values()) <= MAX_LINES, f"{sum(lines.values())} lines: {lines}"
 
 
-@pytest.mark.xfail(strict=True, reason="the router (moe/routing.py) lives apart from the MoE "
-                                       "block (moe/model.py): four files with the experts and "
-                                       "the training step")
+@pytest.mark.xfail(strict=True, reason="the router (moe/routing.py) and the experts live in "
+                                       "files of their own beside the MoE block's "
+                                       "(moe/model.py) and the training step's")
 def test_the_reading_path_spans_at_most_3_files():
     files = _files()
     assert len(files) <= MAX_FILES, f"{len(files)} files: {sorted(files)}"

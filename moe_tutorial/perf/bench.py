@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..moe.batch import next_token_targets
 from ..moe.config import preset
 from ..moe.experts import (
     SELF_QUANTIZING_BACKENDS,
@@ -21,7 +22,7 @@ from ..moe.experts import (
     default_backend,
 )
 from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
-from ..moe.model import MoEForCausalLM, next_token_targets
+from ..moe.model import MoEForCausalLM
 from ..moe.routing import route
 from ..precision import hardware, recipes
 from ..precision.quant import rel_error
@@ -184,10 +185,10 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             module_backend = backend.removesuffix(CUTLASS)
             gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
             experts = (convert_experts(base, module_backend) if backend != "naive" else base)
-            recipe = None
-            if precision != "bf16" and module_backend not in SELF_QUANTIZING_BACKENDS:
-                choice = recipes.recipe_for(caps, precision)
-                recipe = choice.build()  # the TE experts read it, and its alignment, from autocast
+            recipe = None  # bf16, or a backend that quantizes by itself
+            if module_backend not in SELF_QUANTIZING_BACKENDS:
+                # the TE experts read the recipe, and its alignment, from autocast
+                recipe = recipes.resolve(precision, caps).build()
             x = hidden.detach().clone().requires_grad_()
             w = weights.detach().clone().requires_grad_()
 
@@ -270,7 +271,7 @@ class Variant:
     def build(self, config, device):
         """(the trained module, forward(inputs, targets) -> loss) from the seeded initial weights
         every variant shares. HF computes `labels=input_ids` targets itself: the same ones as
-        `model.next_token_targets`, which its forward is handed (comparable losses)."""
+        `batch.next_token_targets`, which its forward is handed (comparable losses)."""
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:

@@ -234,7 +234,7 @@ def validate(log=print, pytest_args=("-m", "gpu", "-q", "-p", "no:cacheprovider"
 
 def _fused_forward(caps) -> dict:
     """One forward pass of the course's te_ops experts under MXFP8: did TE's fuser fuse?"""
-    recipe = recipes.recipe_for(caps, "MXFP8BlockScaling")
+    recipe = recipes.resolve("MXFP8BlockScaling", caps)
     module = _build(SHAPES["mixtral"] | dict(hidden_size=1024, intermediate_size=1024),
                     experts.FUSED_MLP_GLU_INTERLEAVE)
     x = torch.randn(2048, module.hidden_size, dtype=torch.bfloat16, device="cuda")

@@ -17,7 +17,7 @@ HYPOTHETICAL = {"Hopper H200 (hypothetical)": "hopper",
                 "RTX-class Blackwell, compute capability 12.0 (hypothetical)": "rtx_blackwell"}
 
 
-def recipe_choices(caps: hardware.Capabilities) -> dict[tuple[str, str], recipes.RecipeChoice]:
+def recipe_choices(caps: hardware.Capabilities) -> dict[tuple[str, str], recipes.Precision]:
     """`recipes.recipe_for` for this machine and the machines of `HYPOTHETICAL` (described by
     hand: nothing ran there), under each preference."""
     machines = {"this machine": caps, **{label: hardware.evaluate(hardware.fake_environment(kind))
@@ -26,7 +26,7 @@ def recipe_choices(caps: hardware.Capabilities) -> dict[tuple[str, str], recipes
             for p in recipes.PREFERENCES}
 
 
-def recipe_table(choices: dict[tuple[str, str], recipes.RecipeChoice]) -> widgets.Table:
+def recipe_table(choices: dict[tuple[str, str], recipes.Precision]) -> widgets.Table:
     return widgets.Table(
         ["machine", "preference", "recipe", "native", "rows per expert aligned to", "why"],
         [[m, p, c.name, "yes" if c.native else "no (emulated)", c.align, c.reason]

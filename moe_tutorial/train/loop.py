@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, is_dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..moe.model import MoEForCausalLM, check_batch, is_expert_parameter
+from ..moe.batch import check_batch
+from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..precision import hardware
 from . import checkpoint as ckpt
 from .data import check_count, check_positive_number, iterate_batches

@@ -297,6 +297,8 @@ class InputNames:
     cell_timeout: str
     replace: str
     parameters: str
+    solutions: str  # the builder's inputs
+    exercises: str
     command_line: bool
 
     def given(self, what: str, value) -> str:
@@ -308,6 +310,12 @@ class InputNames:
             return name if value is True else f"{name} {value}"
         return f"{name}={value!r}"
 
+    def build(self, replace: bool = False) -> str:
+        """How to run the build (again)."""
+        if self.command_line:
+            return f"`python -m moe_tutorial build{' --replace' if replace else ''}`"
+        return f"`build_exercises({'replace=True' if replace else ''})`"
+
     def parameter(self, name: str, value) -> str:
         """One injected parameter: `-p STEPS=-5` or `parameters={'STEPS': -5}`."""
         return (f"-p {name}={value!r}" if self.command_line
@@ -316,10 +324,12 @@ class InputNames:
 
 PYTHON_API = InputNames(notebooks="notebooks", out="out_dir", mode="mode", device="device",
                         live="live", cell_timeout="cell_timeout", replace="replace",
-                        parameters="parameters", command_line=False)
+                        parameters="parameters", solutions="solutions_dir",
+                        exercises="exercises_dir", command_line=False)
 COMMAND_LINE = InputNames(notebooks="--notebooks", out="--out", mode="--mode", device="--device",
                           live="--live", cell_timeout="--cell-timeout", replace="--replace",
-                          parameters="-p", command_line=True)
+                          parameters="-p", solutions="--solutions", exercises="--exercises",
+                          command_line=True)
 
 
 # Parameters the runner sets itself, each from one input of its own (one source of truth: a
@@ -1276,49 +1286,53 @@ def _differing_cells(old_text: str, new_text: str) -> str:
     return "; ".join(parts)
 
 
-def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set[str]) -> None:
+def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set[str],
+                         names: InputNames = PYTHON_API) -> None:
     """Refuse a solutions folder without notebooks, and an exercises folder the build must not
     write into: the solutions, the course's notebooks or package, a file, or a folder that holds
     things the build did not write (none of them an exercise of this course)."""
     if not solutions_dir.is_dir():
-        raise BuildError(f"--solutions {solutions_dir} "
+        raise BuildError(f"{names.given('solutions', solutions_dir)} "
                          f"{'is not a folder' if solutions_dir.exists() else 'does not exist'}; "
                          f"give the folder that holds the solutions notebooks ({NOTEBOOK_GLOB})")
     if not expected:
         raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}; give the "
-                         "folder that holds them with --solutions")
+                         f"folder that holds them with {names.solutions}")
     where = exercises_dir.resolve()
     clone = [root / name for root in checkout_roots(where)
              for name in ("solutions", "notebooks", "moe_tutorial")]
     for folder in (solutions_dir, *clone, default_notebooks_dir(), package_dir()):
         folder = folder.resolve()
         if where == folder or where.is_relative_to(folder):
-            raise BuildError(f"--exercises {exercises_dir} is inside {folder.name}/, which the "
-                             "build never writes into; give the exercises/ folder (the default) "
-                             "or a new one")
+            raise BuildError(f"{names.given('exercises', exercises_dir)} is inside "
+                             f"{folder.name}/, which the build never writes into; give the "
+                             "exercises/ folder (the default) or a new one")
     if exercises_dir.exists() and not exercises_dir.is_dir():
-        raise BuildError(f"--exercises {exercises_dir} is a file, not a folder; give a folder")
+        raise BuildError(f"{names.given('exercises', exercises_dir)} is a file, not a folder; "
+                         "give a folder")
     present = sorted(p for p in exercises_dir.iterdir() if not p.name.startswith(".")) \
         if exercises_dir.is_dir() else []
     ours = [p for p in present if p.name in expected
             or (p.suffix == ".ipynb" and exercise_state(p) != "foreign")]
     if present and not ours:
-        names = ", ".join(p.name for p in present[:3]) + (", ..." if len(present) > 3 else "")
-        raise BuildError(f"--exercises {exercises_dir} holds files the build did not write "
-                         f"({names}); give the exercises/ folder (the default) or a new or empty one")
+        listed = ", ".join(p.name for p in present[:3]) + (", ..." if len(present) > 3 else "")
+        raise BuildError(f"{names.given('exercises', exercises_dir)} holds files the build did "
+                         f"not write ({listed}); give the exercises/ folder (the default) or a "
+                         "new or empty one")
 
 
-def _check_build_writable(exercises_dir: Path) -> None:
+def _check_build_writable(exercises_dir: Path, names: InputNames = PYTHON_API) -> None:
     """Refuse, before the first notebook is written, an exercises folder the build cannot write
     in (or make): all or nothing."""
     try:
         exercises_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BuildError(f"--exercises {exercises_dir} cannot be made ({exc.strerror or exc}); "
-                         "give a folder you can write in") from None
+        raise BuildError(f"{names.given('exercises', exercises_dir)} cannot be made "
+                         f"({exc.strerror or exc}); give a folder you can write in") from None
     if not os.access(exercises_dir, os.W_OK | os.X_OK):
-        raise BuildError(f"--exercises {exercises_dir}: no permission to write in it; make it "
-                         f"writable (`chmod u+w {exercises_dir}`) or give another folder")
+        raise BuildError(f"{names.given('exercises', exercises_dir)}: no permission to write "
+                         f"in it; make it writable (`chmod u+w {exercises_dir}`) or give "
+                         "another folder")
 
 
 def _read_solution(source: Path, where: str) -> dict:
@@ -1337,7 +1351,8 @@ def _read_solution(source: Path, where: str) -> dict:
 
 
 def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | None = None, *,
-                    check: bool = False, replace: bool = False) -> BuildResult:
+                    check: bool = False, replace: bool = False,
+                    names: InputNames = PYTHON_API) -> BuildResult:
     """Generate `exercises_dir/NN_*.ipynb` from `solutions_dir/NN_*.ipynb` (see the docstring).
 
     Every notebook written carries the build's stamp (BUILD_STAMP). An exercise whose cells a
@@ -1346,19 +1361,20 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
     are deleted only when unchanged; others are listed in `kept`. With `check`, write nothing
     and list in `problems` every exercise that is missing, differs from what the build would
     write, or has no solution any more, each with a fix that loses no work. Raises BuildError
-    for bad folders, solution notebooks or markers."""
+    for bad folders, solution notebooks or markers. `names`: how the messages name the inputs
+    (the command line passes `COMMAND_LINE`)."""
     solutions_dir = Path(solutions_dir) if solutions_dir else default_solutions_dir()
     exercises_dir = Path(exercises_dir) if exercises_dir else solutions_dir.parent / "exercises"
     sources = sorted(solutions_dir.glob(NOTEBOOK_GLOB)) if solutions_dir.is_dir() else []
     expected = {s.name for s in sources}
-    _check_build_folders(solutions_dir, exercises_dir, expected)
+    _check_build_folders(solutions_dir, exercises_dir, expected, names)
     result = BuildResult()
-    build = "python -m moe_tutorial build"
-    fix = f"run `{build}` and commit exercises/"
-    keep_work = (f"it holds your edits, which `{build}` keeps: copy your work out of "
-                 f"{exercises_dir.name}/, then run `{build} --replace`")
-    foreign = (f"the build did not write it, and `{build}` leaves it: move it away, or run "
-               f"`{build} --replace` to overwrite it")
+    build = names.build()
+    fix = f"run {build} and commit exercises/"
+    keep_work = (f"it holds your edits, which {build} keeps: copy your work out of "
+                 f"{exercises_dir.name}/, then run {names.build(replace=True)}")
+    foreign = (f"the build did not write it, and {build} leaves it: move it away, or run "
+               f"{names.build(replace=True)} to overwrite it")
     to_write: list[tuple[Path, str]] = []
     for source in sources:
         where = f"{solutions_dir.name}/{source.name}"
@@ -1369,7 +1385,7 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
         if target.is_symlink():  # the learner's own arrangement, and what it points to is theirs
             problem = (f"{shown} is a link to {os.readlink(target)}; the build never writes "
                        f"through a link (it would overwrite what the link points to): remove "
-                       f"the link (`rm {target}`) and run `{build}` again")
+                       f"the link (`rm {target}`) and run {build} again")
             (result.problems if check else result.refused).append(problem)
             continue
         if not target.exists():
@@ -1412,7 +1428,7 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
 
     if not (to_write or to_remove):
         return result
-    _check_build_writable(exercises_dir)
+    _check_build_writable(exercises_dir, names)
     try:
         with safe_io.hold_folder(exercises_dir, "exercise build"):  # one build at a time
             for target, text in to_write:  # each whole or not at all (safe_io.atomic_file)
@@ -1450,7 +1466,7 @@ def add_build_command(subparsers) -> argparse.ArgumentParser:
 def _build_command(args: argparse.Namespace) -> int:
     try:
         result = build_exercises(args.solutions, args.exercises, check=args.check,
-                                 replace=args.replace)
+                                 replace=args.replace, names=COMMAND_LINE)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

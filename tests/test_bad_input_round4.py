@@ -274,6 +274,23 @@ def test_setup_refuses_a_live_setting_in_the_environment_with_the_flags_values(m
             "$MOE_TUTORIAL_LIVE='yes'", "always")
 
 
+COURSE = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("path", sorted(
+    p.relative_to(COURSE).as_posix() for folder in ("notebooks", "solutions", "exercises")
+    for p in (COURSE / folder).glob("[0-9][0-9]_*.ipynb")))
+def test_every_notebook_hands_its_live_parameter_to_setup(path):
+    """A notebook's LIVE reaches setup, which checks it: LIVE = "no" would otherwise draw the
+    live widgets (a non-empty string is true) without a word."""
+    cells = [c for c in json.loads((COURSE / path).read_text())["cells"] if c["cell_type"] == "code"]
+    source = "\n".join("".join(c["source"]) for c in cells)
+    if not re.search(r"^LIVE = ", source, re.MULTILINE):
+        pytest.skip("no LIVE parameter")
+    calls = re.findall(r"\bsetup\(MODE, [^\n]*", source)
+    assert calls and all("live=LIVE" in call for call in calls), calls
+
+
 # ---------------------------------------------------------------------------------------------
 # The builder
 

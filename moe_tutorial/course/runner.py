@@ -22,7 +22,10 @@ solutions/, the package): a run never overwrites results or sources. `--replace`
 folder of an earlier run instead: it removes the files that run wrote, as listed in its
 `.moe-tutorial-run.json` (report first), and nothing else. `-p NAME=VALUE` sets a parameter the
 selected notebooks' `parameters` cells define; MODE, LIVE and DEVICE come from --mode, --live
-and --device only. Bad inputs are refused before anything runs, with one line.
+and --device only. Bad inputs are refused before anything runs, with one line: a parameter of
+another kind than its default, or a size the notebook's `lesson.setup` would refuse (STEPS=-3).
+The Python API (`run_course`, `prepare_run`, `build_exercises`) names its own arguments in
+these messages (`replace=True`), the command line its flags (`--replace`).
 
 Widgets: headless nobody watches a live dashboard, so the runner passes `LIVE=False` and
 `MOE_TUTORIAL_LIVE=0` (`--live` draws them anyway, e.g. to test them), and papermill runs with

@@ -581,7 +581,7 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
     """Check a run's inputs and make its folder ready (`prepare_out_dir`); raise RunError (or
     ValueError for the mode) before anything runs. `execute_run` runs what this returns.
     `names`: how the messages name the inputs (the command line passes `COMMAND_LINE`)."""
-    mode = course_mode(mode, name=names.mode)
+    mode = course_mode(mode, name=names.mode if names.command_line else f"argument {names.mode}")
     out_dir = Path(out_dir)
     out = names.given("out", out_dir)
     if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int)

@@ -30,6 +30,10 @@ def from_hf(hf_model, expert_backend: str = "grouped_torch", **backend_options) 
     (HF adds the load-balancing loss only when asked; this model always does)."""
     _check_is_causal_lm(hf_model)
     first = next(hf_model.parameters())
+    if first.is_meta:  # shapes without values: the copy would be of nothing
+        raise ValueError("the HF model's weights are on the meta device (shapes, no values): "
+                         "load them first, e.g. <Class>.from_pretrained(...), or build the "
+                         "model outside torch.device('meta')")
     dtype = str(first.dtype).removeprefix("torch.")
     if dtype not in DTYPES:
         raise ValueError(f"the HF model's weights are {first.dtype}; this model runs in "
@@ -55,10 +59,16 @@ def from_hf(hf_model, expert_backend: str = "grouped_torch", **backend_options) 
     return model.set_expert_backend(expert_backend, **backend_options)
 
 
-def to_hf_state_dict(model: MoEForCausalLM) -> dict[str, torch.Tensor]:
+def to_hf_state_dict(model: MoEForCausalLM,
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """A state dict that the family's transformers model (`MixtralForCausalLM`, ...)
     `load_state_dict` accepts (TE experts are converted back to the stacked HF layout, the
     attention's fused TE projection split into q, k and v; TE's `_extra_state` is dropped).
+
+    `dtype`: that of the HF model it is for, when it differs from this model's (torch's
+    `load_state_dict` would cast every weight silently): the weights are converted when the
+    conversion is exact (e.g. bfloat16 to float32), else refused, naming the first weight it
+    would round.
 
     With the experts sharded over an ep group (`distributed.shard_experts`) every layer's
     experts are all-gathered from the group: a collective, so every rank of the group must
@@ -72,7 +82,29 @@ def to_hf_state_dict(model: MoEForCausalLM) -> dict[str, torch.Tensor]:
         gate_up, down = layer.mlp.dispatcher.full_hf_weights(layer.mlp.experts)
         state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
         state[f"model.layers.{i}.mlp.experts.down_proj"] = down
+    if dtype is not None:
+        state = _converted_exactly(state, dtype)
     return {families.our_key_to_hf(k, model.config.family): v for k, v in state.items()}
+
+
+def _converted_exactly(state: dict[str, torch.Tensor], dtype) -> dict[str, torch.Tensor]:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype={dtype!r} is not a floating-point torch dtype; pass the HF "
+                         f"model's, e.g. to_hf_state_dict(model, hf_model.dtype)")
+    converted = {}
+    for name, value in state.items():
+        if value.is_floating_point() and value.dtype != dtype:
+            exact = value.to(dtype)
+            if not torch.equal(exact.to(value.dtype), value):
+                raise ValueError(
+                    f"to_hf_state_dict(model, dtype={dtype}) would round {name} ({value.dtype}): "
+                    f"an HF model in {dtype} cannot hold these weights exactly; load them into "
+                    f"one in {value.dtype} (hf_model.to({value.dtype})), or round them yourself "
+                    f"where that is meant: {{k: v.to({dtype}) for k, v in "
+                    f"to_hf_state_dict(model).items()}}")
+            value = exact
+        converted[name] = value
+    return converted
 
 
 def hf_gradients(model: MoEForCausalLM) -> dict[str, torch.Tensor]:

@@ -274,6 +274,8 @@ class MoEForCausalLM(nn.Module):
 
     def __init__(self, config: MoEConfig, expert_backend: str = "grouped_torch", *, device=None):
         super().__init__()
+        if device is not None and torch.device(device).type == "cuda":  # else torch's own assert
+            hardware.check_device(str(device), "device")
         self.config = config
         dtype = config.torch_dtype
         self.model = Decoder(config, "grouped_torch", dtype=dtype, device=device)

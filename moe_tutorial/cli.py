@@ -493,8 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--layers", type=int, default=None,
                     help="the training step's model with this many layers (default: the preset's)")
     be.add_argument("--train-variants", nargs="+", default=None,
-                    help="default: the course's ladder (bench.TRAIN_VARIANTS); also "
-                         "bench.CANDIDATE_VARIANTS, e.g. ours_te_ops_fp8_step_in_backward")
+                    help="default: the course's ladder (bench.TRAIN_VARIANTS); any name of "
+                         "bench.VARIANTS, e.g. ours_te_ops_fp8_compiled_loss")
     be.add_argument("--batch", type=int, default=None)
     be.add_argument("--seq-len", type=int, default=None)
     be.add_argument("--warmup", type=int, default=None)

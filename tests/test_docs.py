@@ -381,3 +381,30 @@ def test_reading_minutes_leave_out_generated_regions(tmp_path):
     plain = _notebook(tmp_path / "01_a.ipynb", " ".join(["word"] * 1000))
     with_region = _notebook(tmp_path / "01_b.ipynb", " ".join(["word"] * 1000) + "\n" + region)
     assert docs.reading_minutes(plain) == docs.reading_minutes(with_region) == 5
+
+
+def test_each_not_adopted_candidate_names_a_commit_that_has_its_code_and_rows():
+    """The measured report's not-adopted table points at a commit whose package still holds the
+    candidate (it left the package since), and shows every committed row of it that ran beside
+    its base variant."""
+    import subprocess
+
+    from moe_tutorial.perf.bench import committed_train_runs
+
+    body = _region((docs.ROOT / BENCHMARKS).read_text(), "not-adopted")["body"]
+    code = {"_step_in_backward": "class StepInBackward"}  # what the commit must still hold
+    for suffix, _, commit in docs.NOT_ADOPTED:
+        shown = subprocess.run(["git", "show", f"{commit}:moe_tutorial/train/loop.py"],
+                               cwd=docs.ROOT, capture_output=True, text=True)
+        if shown.returncode != 0 and "unknown revision" in shown.stderr:
+            pytest.skip(f"no git history with {commit} here")
+        assert code[suffix] in shown.stdout, shown.stderr
+        assert f"commit `{commit}`" in body
+        shown_rows = 0
+        for _, report in committed_train_runs():
+            train = docs._train_rows(report)
+            for name, row in train.items():
+                if name.endswith(suffix) and name.removesuffix(suffix) in train:
+                    shown_rows += 1
+                    assert f"→ {row['median_ms']:.1f} |" in body, name
+        assert shown_rows == body.count(" → ") // 2  # ms and GiB per row, nothing else

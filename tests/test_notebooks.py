@@ -38,7 +38,7 @@ def test_the_deep_dive_reads_committed_runs_and_names_its_prerequisites():
     header = source(cells(deep_dive)[0])
     assert "Prerequisites" in header and "chapter-time" in header
     code = "\n".join(source(c) for c in cells(deep_dive) if c["cell_type"] == "code")
-    for reader in ("results.", "speed_of_light.committed_section", "idle_gaps.committed"):
+    for reader in ("run_history.", "speed_of_light.committed_section", "idle_gaps.committed"):
         assert reader in code, f"the deep dive reads the committed runs through {reader}"
 
 

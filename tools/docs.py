@@ -523,45 +523,44 @@ def h200_speed_of_light() -> str:
         + _table(["part", *variants], ["---"] + ["---:"] * len(variants), rows))
 
 
-# AdamW stepped in the backward pass (`train.StepInBackward`), one file per way of running it
-COMPILED_STEP_IN_BACKWARD_RUN = "h200_compiled_step_in_backward.json"
-STEP_IN_BACKWARD_RUNS = (("h200_step_in_backward_same_stream.json",
-                          "on the backward pass's own stream"),
-                         ("h200_step_in_backward_side_stream.json",
-                          "on a side stream (`overlap=True`, the default)"),
-                         (COMPILED_STEP_IN_BACKWARD_RUN,
-                          "compiled, a layer's group at a time, on a side stream "
-                          "(`compiled=True`)"))
+# Measured and not adopted: the suffix of its variants' names in the committed runs (each beside
+# its base variant, the name without it), what it changed, and the last commit whose package has
+# its code (`git show <commit>:moe_tutorial/train/loop.py`)
+NOT_ADOPTED = (("_step_in_backward", "AdamW stepped in the backward pass", "a777de2"),)
 
 
-def h200_step_in_backward() -> str:
-    """Each variant with and without AdamW stepped in the backward pass, per committed run."""
-    from moe_tutorial.perf.bench import row_precision
+def not_adopted() -> str:
+    """Each candidate measured and not adopted, with the commit its code is kept at, beside its
+    base variant in every committed run that timed both (`bench.committed_train_runs`)."""
+    from moe_tutorial.perf.bench import committed_train_runs, row_precision
 
-    rows = []
-    for name, how in STEP_IN_BACKWARD_RUNS:
-        train = _train_rows(_load(name))
-        for variant, r in train.items():
-            early = train.get(f"{variant}_step_in_backward")
-            if early is None:
-                continue
-            rows.append([how, f"{_train_label(variant)}, {row_precision(r).replace('fp8', 'FP8')}",
-                         f"{r['median_ms']:.1f} → {early['median_ms']:.1f}",
-                         f"{r['median_ms'] / early['median_ms']:.3f}×",
-                         f"{r['peak_memory_gb']:.1f} → {early['peak_memory_gb']:.1f}", _link(name)])
-    return _table(["AdamW stepped", "variant", "ms/step: after → in the backward pass",
-                   "speedup", "peak GiB", "run"], ["---", "---", "---:", "---:", "---:", "---"],
-                  rows)
+    parts = []
+    for suffix, what, commit in NOT_ADOPTED:
+        rows = []
+        for run, report in committed_train_runs():
+            train = {name: r for name, r in _train_rows(report).items() if r.get("status") == "ok"}
+            for name, r in train.items():
+                base = train.get(name.removesuffix(suffix))
+                if not name.endswith(suffix) or base is None:
+                    continue
+                rows.append([f"{_train_label(base['variant'])}, "
+                             f"{row_precision(base).replace('fp8', 'FP8')}",
+                             f"{base['median_ms']:.1f} → {r['median_ms']:.1f}",
+                             f"{base['median_ms'] / r['median_ms']:.3f}×",
+                             f"{base['peak_memory_gb']:.1f} → {r['peak_memory_gb']:.1f}",
+                             _link(run.removeprefix(RESULTS_LINK + "/"))])
+        parts.append(f"{what} (its code: commit `{commit}`):\n\n" + _table(
+            ["variant", "ms/step: without → with it", "speedup", "peak GiB", "run"],
+            ["---", "---:", "---:", "---:", "---"], rows))
+    return "\n\n".join(parts)
 
 
 def h200_compiled_candidates() -> str:
     """The torch.compile candidates, each beside its base variant in the same run,
     per committed run; then both together against the compiled HF step and the targets."""
-    from moe_tutorial.perf.bench import VARIANTS, committed_candidate_gains
+    from moe_tutorial.perf.bench import committed_candidate_gains
 
-    gains = [gain for gain in committed_candidate_gains()
-             if (VARIANTS[gain["variant"]].compiled_loss or VARIANTS[gain["variant"]].compiled_adamw)
-             and not VARIANTS[gain["variant"]].step_in_backward]  # those: h200_step_in_backward
+    gains = committed_candidate_gains()
     rows = [[gain["technique"], f"{_train_label(gain['base'])}, "
              f"{gain['precision'].replace('fp8', 'FP8')}",
              f"{gain['base_ms']:.1f} → {gain['ms']:.1f}", f"{gain['speedup']:.3f}×",
@@ -648,39 +647,6 @@ def h200_idle_gaps() -> str:
         + f". So {verdict}.")
 
 
-# `python -m moe_tutorial idle-gaps` of the compiled AdamW stepped in the backward pass
-STEP_IN_BACKWARD_IDLE_RUN = "h200_idle_gaps_compiled_step_in_backward.json"
-
-
-def h200_compiled_step_in_backward_idle() -> str:
-    """The compiled step-in-backward FP8 step profiled in a process of its own, beside the
-    compiled FP8 step of the committed idle-gaps run: where its idle time went, and how far its
-    step time moves between processes."""
-    from moe_tutorial.perf.idle_gaps import IdleGaps
-
-    name, base = "ours_te_ops_fp8_compiled_step_in_backward", "ours_te_ops_fp8_compiled"
-    run, reference = _load(STEP_IN_BACKWARD_IDLE_RUN), _load(IDLE_GAPS_RUN)
-    early, after = run["variants"][name], reference["variants"][base]
-    g, b = IdleGaps.from_dict(early["gaps"]), IdleGaps.from_dict(after["gaps"])
-    bench_run = _train_rows(_load(COMPILED_STEP_IN_BACKWARD_RUN))
-    between_processes = abs(early["median_ms"] - bench_run[name]["median_ms"])
-    between_variants = abs(bench_run[name]["median_ms"] - bench_run[base]["median_ms"])
-    busy = ("does not shrink" if g.busy_ms >= b.busy_ms else
-            f"shrinks by {b.busy_ms - g.busy_ms:.1f} ms")
-    spread = ("more" if between_processes > between_variants else "less")
-    fill = "do fill" if g.idle_ms < b.idle_ms else "do not fill"
-    return (
-        f"Profiled in a process of its own ({_link(STEP_IN_BACKWARD_IDLE_RUN)}), `{name}` "
-        f"ran {early['median_ms']:.1f} ms per step unprofiled, against "
-        f"{bench_run[name]['median_ms']:.1f} ms in the benchmark run above; the GPU was idle "
-        f"{g.idle_ms:.1f} ms per profiled step and busy {g.busy_ms:.1f}, against "
-        f"{b.idle_ms:.1f} and {b.busy_ms:.1f} for `{base}` ({_link(IDLE_GAPS_RUN)}, "
-        f"{after['median_ms']:.1f} ms unprofiled). The updates on the side stream {fill} the "
-        f"time the GPU waited for the host, yet the GPU's busy time {busy}, and the unprofiled "
-        f"step moves by {spread} between processes ({between_processes:.1f} ms) than between "
-        f"the two variants of one run ({between_variants:.1f} ms).")
-
-
 def _profile_ms(text: str, name: str) -> float:
     """CUDA total of one row of torch.profiler's table, in ms."""
     for line in text.splitlines():
@@ -737,29 +703,27 @@ def h200_profile() -> str:
         f"backward pass and FP8 copies of gradients during it.")
 
 
-# The training-step history: each change and the result file measured right after it, oldest
-# first (the first full run's file was overwritten: it is in git history only, at 5cbb447).
-HISTORY = [
-    ("h200_fused_norm_loss.json",
-     "RMSNorm as one kernel (`F.rms_norm`), the loss's gradient computed in the forward pass"),
-    ("h200_cudnn_attention_rope.json",
-     "cuDNN attention, TE fused RoPE, q/k/v as one FP8 `te.Linear`, `log_softmax` in the loss"),
-    ("h200_mfu_peaks.json",
-     "the same step re-measured with the MFU peaks of both precisions (no step change)"),
-    ("h200.json", "the ladder re-measured, then the loss and AdamW compiled by `torch.compile` "
-                  "after it (`*_compiled` rows; the FP8 column is still the ladder's step, the "
-                  "ratio the run's best step)"),
-]
-
-
 def h200_history() -> str:
+    """The FP8 te.ops step of every committed one-H200 run of the ladder
+    (`bench.committed_train_runs`), oldest first, beside HF eager and the run's fastest step."""
+    from moe_tutorial.perf.bench import committed_train_runs, row_precision
+
     rows = []
-    for name, change in HISTORY:
-        report = _load(name)
-        rows.append([change, f"{_train_rows(report)['ours_te_ops_fp8']['median_ms']:.1f}",
-                     f"{report['summary']['train_step_speedup_vs_hf_eager']:.2f}×", _link(name)])
-    return _table(["change", "te.ops FP8 ms/step", "vs HF eager, same run", "result file"],
-                  ["---", "---:", "---:", "---"], rows)
+    for run, report in committed_train_runs():
+        train, env = _train_rows(report), report["environment"]
+        best = (report.get("summary") or {}).get("train_step_best_variant")
+        if "H200" not in (env.get("gpu") or "") or best is None or not {
+                "ours_te_ops_fp8", "hf_eager"} <= train.keys():
+            continue
+        eager_ms = train["hf_eager"]["median_ms"]
+        rows.append([env["date"].split()[0], f"{train['ours_te_ops_fp8']['median_ms']:.1f}",
+                     f"{eager_ms / train['ours_te_ops_fp8']['median_ms']:.2f}×",
+                     f"{_train_label(best)}, {row_precision(train[best]).replace('fp8', 'FP8')}: "
+                     f"{eager_ms / train[best]['median_ms']:.2f}×",
+                     _link(run.removeprefix(RESULTS_LINK + "/"))])
+    return _table(["run", "te.ops FP8 ms/step", "vs HF eager, same run",
+                   "the run's fastest step vs HF eager", "result file"],
+                  ["---", "---:", "---:", "---", "---"], rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1482,10 +1446,9 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-train-step": h200_train_step,
         "h200-targets": h200_targets,
         "h200-speed-of-light": h200_speed_of_light,
-        "h200-step-in-backward": h200_step_in_backward,
+        "not-adopted": not_adopted,
         "h200-compiled-candidates": h200_compiled_candidates,
         "h200-idle-gaps": h200_idle_gaps,
-        "h200-compiled-step-in-backward-idle": h200_compiled_step_in_backward_idle,
         "published-recipe": published_recipe,
         "h200-profile": h200_profile,
         "h200-history": h200_history,

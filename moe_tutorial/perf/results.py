@@ -53,114 +53,14 @@ def read(name: str | Path) -> dict:
     return json.loads(path(name).read_text())
 
 
-# ---------------------------------------------------------------------------------------------
-# What the committed H200 runs record beyond the chapters (the deep dive reads these)
-
-# The one-H200 runs in the order they were made, each with what changed in the course's step
-# before it ran (the same model and batch throughout: mixtral-2l, 2 x 4096 tokens).
-H200_HISTORY = (
-    (f"{FOLDER}/h200_fused_norm_loss.json",
-     "RMSNorm as one kernel (`F.rms_norm`), the loss's gradient computed in the forward pass"),
-    (f"{FOLDER}/h200_cudnn_attention_rope.json",
-     "cuDNN attention, TE fused RoPE, q/k/v as one FP8 `te.Linear`, `log_softmax` in the loss"),
-    (f"{FOLDER}/h200_mfu_peaks.json",
-     "the same step measured again (no change to the step)"),
-    (H200, "the ladder measured again"),
-)
-
-# The committed runs of optimizer and compilation experiments the course did not adopt, each
-# timed beside the variant it changes, in the same run on one H200.
-CANDIDATE_RUNS = (f"{FOLDER}/h200_step_in_backward_same_stream.json",
-                  f"{FOLDER}/h200_step_in_backward_side_stream.json",
-                  f"{FOLDER}/h200_compiled_candidates.json",
-                  f"{FOLDER}/h200_compiled_candidates_rerun.json",
-                  f"{FOLDER}/h200_compiled_step_in_backward.json")
-
-# How a candidate's variant name says what it changed (suffixes, outermost last). `_compiled`
-# on the course's own steps (`ours_*`) is the loss and AdamW's step compiled together; on HF's
-# step it is the model compiled, part of the base.
-_CANDIDATE_SUFFIXES = (("_step_in_backward", "AdamW stepped in the backward pass"),
-                       ("_compiled_adamw", "AdamW's step compiled"),
-                       ("_compiled_loss", "the loss and its gradient compiled"))
-_BOTH_COMPILED = ("_compiled", "the loss and AdamW's step compiled")
+def committed() -> list[Path]:
+    """Every committed result file (JSON, subfolders included) of the clone the current directory
+    is in, by path; none outside a clone. Readers pick runs by what they hold, so a new run needs
+    no list of file names updated."""
+    root = checkout_root()
+    return sorted((root / FOLDER).rglob("*.json")) if root is not None else []
 
 
-def _candidate_base(variant: str) -> tuple[str, list[str]]:
-    """The variant a candidate changes and what it changes, read from its name."""
-    changes = []
-    for suffix, words in _CANDIDATE_SUFFIXES:
-        if variant.endswith(suffix):
-            variant = variant.removesuffix(suffix)
-            changes.insert(0, words)
-    suffix, words = _BOTH_COMPILED
-    if variant.startswith("ours_") and variant.endswith(suffix):
-        variant = variant.removesuffix(suffix)
-        changes.insert(0, words)
-    return variant, changes
-
-
-def _train_rows(report: dict) -> dict[str, dict]:
-    return {r["variant"]: r for r in report["results"]
-            if r.get("part") == "train" and r.get("status") == "ok"}
-
-
-def h200_history() -> list[dict]:
-    """The course's FP8 step (`ours_te_ops_fp8`) and HF's eager step in each committed one-H200
-    run of `H200_HISTORY`: both medians from the same run, and their ratio."""
-    history = []
-    for name, change in H200_HISTORY:
-        report = read(name)
-        rows = _train_rows(report)
-        ours, hf = rows["ours_te_ops_fp8"]["median_ms"], rows["hf_eager"]["median_ms"]
-        history.append({"run": name, "date": report["environment"]["date"], "change": change,
-                        "ours_fp8_ms": ours, "hf_eager_ms": hf, "speedup": hf / ours})
-    return history
-
-
-def candidate_gains() -> list[dict]:
-    """Every candidate of `CANDIDATE_RUNS` beside its base variant from the same run (both ran):
-    what it changes, the two medians, the speedup and the two peaks (GiB)."""
-    gains = []
-    for name in CANDIDATE_RUNS:
-        report = read(name)
-        rows = _train_rows(report)
-        for variant, row in rows.items():
-            base, changes = _candidate_base(variant)
-            if not changes or base not in rows:
-                continue
-            gains.append({"run": name, "gpu": report["environment"]["gpu"],
-                          "date": report["environment"]["date"], "variant": variant,
-                          "base": base, "technique": " and ".join(changes),
-                          "base_ms": rows[base]["median_ms"], "ms": row["median_ms"],
-                          "speedup": rows[base]["median_ms"] / row["median_ms"],
-                          "base_peak_gib": rows[base]["peak_memory_gb"],
-                          "peak_gib": row["peak_memory_gb"]})
-    return gains
-
-
-def history_table():
-    """`h200_history` as a table (one row per committed run, in order)."""
-    from . import widgets
-
-    return widgets.Table(
-        ["run", "what changed before it", "ours_te_ops_fp8 ms/step", "hf_eager ms/step",
-         "HF eager / ours, same run"],
-        [[f"{Path(h['run']).name} ({h['date'][:10]})", h["change"], f"{h['ours_fp8_ms']:.1f}",
-          f"{h['hf_eager_ms']:.1f}", f"{h['speedup']:.2f}x"] for h in h200_history()],
-        title="the course's step on one H200, run after run (mixtral-2l, 2 × 4096 tokens; "
-              "committed runs)")
-
-
-def candidate_table():
-    """`candidate_gains` as a table: each experiment against its base variant of the same run."""
-    from . import widgets
-
-    gains = candidate_gains()
-    return widgets.Table(
-        ["what changes", "base variant", "ms/step: base → candidate", "speedup",
-         "peak GiB: base → candidate", "run"],
-        [[g["technique"], g["base"], f"{g['base_ms']:.1f} → {g['ms']:.1f}", f"{g['speedup']:.3f}x",
-          f"{g['base_peak_gib']:.1f} → {g['peak_gib']:.1f}", f"{Path(g['run']).name} ({g['date'][:10]})"]
-         for g in gains],
-        title=f"optimizer and compilation experiments on one {gains[0]['gpu']}, each beside its "
-              "base variant in the same run (committed runs)")
+def relative(path: Path) -> str:
+    """A committed result file as the docs write it: `benchmarks/results/<name>`."""
+    return f"{FOLDER}/{path.relative_to(checkout_root() / FOLDER).as_posix()}"

@@ -322,8 +322,15 @@ HEADER_REGION = ('    "<!-- BEGIN generated: chapter-time (python -m tools.docs)
 
 
 def _with_time_region(path):
-    """The notebook at `path` with an empty chapter-time region after its title line."""
+    """The notebook at `path` with an empty chapter-time region: its own region's body removed,
+    or an empty region added after its title line."""
     text = path.read_text(encoding="utf-8")
+    if "<!-- BEGIN generated: chapter-time" in text:
+        lines = text.splitlines(keepends=True)
+        begin = next(i for i, line in enumerate(lines) if "BEGIN generated: chapter-time" in line)
+        end = next(i for i, line in enumerate(lines) if "END generated: chapter-time" in line)
+        path.write_text("".join(lines[:begin + 1] + lines[end:]), encoding="utf-8")
+        return path
     title = re.search(r'^    "# .*\\n",\n', text, re.MULTILINE)
     path.write_text(text[:title.end()] + HEADER_REGION + text[title.end():], encoding="utf-8")
     return path

@@ -22,7 +22,9 @@ multiple of an alignment (`recipes.alignment`, TE 2.20's rule: 16 for the FP8 re
 scaling included, 32 for MXFP8, 128 for NVFP4; 256 for the fused grouped MLP): `align` pads each
 block with zero rows. `unpermute` is the exact
 inverse: it gathers each token's k expert outputs (never a padding row), weights them by the
-routing probabilities and sums them.
+routing probabilities and sums them. `permute_static` sorts the same way into a buffer sized by
+the shapes alone (no host read, for CUDA graphs); the dispatcher (`dispatch.py`) runs one of
+them once per layer, and the experts take its sorted rows.
 
 Everything here is plain differentiable torch with no Python loop over tokens or experts.
 """

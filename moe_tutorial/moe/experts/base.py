@@ -74,10 +74,6 @@ class Experts(nn.Module):
         """Whether this module runs Transformer Engine's kernels (TE backends on a GPU with TE)."""
         return False
 
-    def options(self) -> dict:
-        """The constructor options that make another module run as this one does."""
-        return {}
-
     @classmethod
     def from_experts(cls, experts: Experts, **options) -> Experts:
         """A module of this backend with `experts`' weights (converted through the HF layout),

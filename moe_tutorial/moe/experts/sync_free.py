@@ -177,7 +177,7 @@ class SyncFreeExperts(StackedExperts):
     `scaled_grouped_linear`, its weight gradient in FP8 too with `fp8_weight_gradient`), SwiGLU
     between them. Registered three times: `sync_free` (bf16), `sync_free_fp8` and
     `sync_free_fp8_wgrad`; the FP8 ones quantize their own GEMMs in a bf16 model (no TE
-    autocast around them: `self_quantizing`)."""
+    autocast around them: `registry.SELF_QUANTIZING_BACKENDS`)."""
 
     permutation = "static"
 
@@ -189,13 +189,6 @@ class SyncFreeExperts(StackedExperts):
         self.fp8, self.fp8_weight_gradient = fp8, fp8_weight_gradient
         self.backend = ("sync_free_fp8_wgrad" if fp8_weight_gradient else
                         "sync_free_fp8" if fp8 else "sync_free")
-
-    @property
-    def self_quantizing(self) -> bool:
-        return self.fp8
-
-    def options(self) -> dict:
-        return {"fp8": self.fp8, "fp8_weight_gradient": self.fp8_weight_gradient}
 
     def rows_alignment(self, recipe) -> int:
         return FP8_ROW_ALIGNMENT if self.fp8 else 1

@@ -107,9 +107,6 @@ class TEExperts(Experts):
     def uses_te(self) -> bool:
         return self._te is not None
 
-    def options(self) -> dict:
-        return {"align": self.align, "cutlass": self.cutlass}
-
     def forward(self, rows: torch.Tensor, rows_per_expert: torch.Tensor,
                 row_weights: torch.Tensor | None = None) -> torch.Tensor:
         self.check_rows(rows, rows_per_expert)

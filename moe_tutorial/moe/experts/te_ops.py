@@ -161,10 +161,6 @@ class TEOpsExperts(TEExperts):
                    and recipe.name in FUSED_MLP_RECIPES)
         return max(align, FUSED_MLP_ROWS_PER_EXPERT) if fusable and self.align is None else align
 
-    def options(self) -> dict:
-        return {**super().options(), "glu_interleave_size": self.glu_interleave_size,
-                "require_fused": self.require_fused}
-
     def grouped_mlp(self, rows, rows_per_expert, row_weights):
         splits = rows_per_expert  # the same tensor object for both GEMMs
         y = self.mlp(rows, splits, row_weights, splits)

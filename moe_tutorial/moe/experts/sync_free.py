@@ -30,7 +30,6 @@ import torch
 from .base import StackedExperts, swiglu
 from .grouped_torch import grouped_mm_unusable
 
-
 # Rows per expert for the FP8 GEMMs: 16 rows of E4M3 are 16 bytes, so in the weight-gradient
 # GEMM, whose operands are transposed and contract over the rows, every expert's slice starts
 # 16-byte aligned (the alignment the grouped GEMMs' strides are checked against)

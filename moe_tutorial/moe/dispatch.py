@@ -65,11 +65,13 @@ def te_dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tens
 
 
 def sort_dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
-                  num_experts: int, align: int, slot_major: bool = False) -> Dispatched:
-    """Permute token copies to their experts with `routing.permute` (the reference)."""
-    rows, row_weights, perm = permute(hidden, indices, weights, num_experts, align,
-                                      slot_major=slot_major)
-    return Dispatched(rows, row_weights, perm.m_splits,
+                  num_experts: int, align: int, slot_major: bool = False,
+                  row_weights: bool = True) -> Dispatched:
+    """Permute token copies to their experts with `routing.permute` (the reference); each row's
+    routing weight too where `row_weights` (a backend that applies them itself needs them)."""
+    rows, weights_of_rows, perm = permute(hidden, indices, weights if row_weights else None,
+                                          num_experts, align, slot_major=slot_major)
+    return Dispatched(rows, weights_of_rows, perm.m_splits,
                       lambda y, merge: unpermute(y, perm, weights if merge else None),
                       "routing.permute" + (" (by slot)" if slot_major else ""))
 
@@ -96,7 +98,8 @@ def dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
                         hardware.transformer_engine())
     else:
         d = sort_dispatch(hidden, indices, weights, experts.num_experts, align,
-                          slot_major=experts.permutation == "sort_by_slot")
+                          slot_major=experts.permutation == "sort_by_slot",
+                          row_weights=experts.applies_routing_weights)
     if isinstance(experts, TEExperts):
         d.path += f" (align {align})"
     return d

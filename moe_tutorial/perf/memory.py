@@ -250,7 +250,7 @@ def _expert_mlp(config: MoEConfig, tokens: int, copies: int, experts: int, rows:
     if backend == "grouped_torch":
         parts.update({"silu(gate)": rows * i * itemsize,
                       "expert outputs (for the weights' gradient)": rows * h * itemsize,
-                      "group row ends (int32, both GEMMs)": 2 * experts * INT32,
+                      "group row ends (int32, shared by both GEMMs)": experts * INT32,
                       "buffer row of each copy (int64)": tokens * copies * INT64,
                       "routing weights (fp32)": tokens * copies * FP32})
         return parts

@@ -101,3 +101,20 @@ def test_expert_parallelism_sorts_the_token_copies_once(monkeypatch, backend):
     model(ids, ids).loss.backward()
     assert len(sorts) == len(permutes) == config.num_layers
     assert "regroup by expert" in model.expert_paths()[0]
+
+
+@pytest.mark.parametrize("align", [1, 4])
+def test_regrouping_by_the_counts_is_the_sort_by_expert(align):
+    """The arrivals regrouped from the exchanged counts alone land where sorting them by local
+    expert (stable, padded to `align`) would put them: the sort the experts used to run again."""
+    from moe_tutorial.moe import routing
+
+    recv_counts = torch.tensor([[3, 0, 2], [1, 4, 0]])  # 2 source ranks, 3 local experts
+    arrivals = distributed.received_experts(recv_counts).unsqueeze(1)
+    rows = torch.randn(arrivals.shape[0], 5)
+    sorted_rows, _, by_sort = routing.permute(rows, arrivals, None, 3, align)
+    by_counts = distributed.regroup_by_expert(recv_counts, align)
+    for field in ("token_index", "row_index", "assignment_rows", "tokens_per_expert", "m_splits"):
+        assert torch.equal(getattr(by_counts, field), getattr(by_sort, field)), field
+    assert by_counts.num_rows == by_sort.num_rows
+    assert torch.equal(routing.permute_rows(rows, None, by_counts)[0], sorted_rows)

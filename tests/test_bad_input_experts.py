@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from moe_tutorial.moe import routing
+from moe_tutorial.moe.dispatch import run_experts
 from moe_tutorial.moe.experts import (
-    ExpertMLP,
     ReferenceGroupedLinear,
     TEGroupedLinearExperts,
     TEOpsExperts,
+    create,
     grouped_mm,
     torch_ops,
 )
@@ -39,11 +40,16 @@ def ends(*values):
     return torch.tensor(values, dtype=torch.int32)
 
 
+def layer(module):
+    """The expert layer as a model runs it: the dispatcher around `module`."""
+    return lambda hidden, indices, weights: run_experts(module, hidden, indices, weights)[0]
+
+
 def experts(backend):
-    module = ExpertMLP(NUM_EXPERTS, HIDDEN, INTERMEDIATE, backend)
+    module = create(backend, NUM_EXPERTS, HIDDEN, INTERMEDIATE)
     torch.nn.init.normal_(module.gate_up_proj, generator=g)
     torch.nn.init.normal_(module.down_proj, generator=g)
-    return module
+    return layer(module)
 
 
 def linear(bias=False):
@@ -51,7 +57,7 @@ def linear(bias=False):
 
 
 def te_experts(cls):
-    return cls(NUM_EXPERTS, HIDDEN, INTERMEDIATE)
+    return layer(cls(NUM_EXPERTS, HIDDEN, INTERMEDIATE))
 
 
 def refused(call, value, fix):

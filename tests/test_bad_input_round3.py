@@ -26,7 +26,8 @@ from course_helpers import notebook
 from moe_tutorial import safe_io
 from moe_tutorial.cli import main
 from moe_tutorial.moe.config import MoEConfig, preset
-from moe_tutorial.moe.experts import ExpertMLP
+from moe_tutorial.moe.dispatch import run_experts
+from moe_tutorial.moe.experts import GroupedTorchExperts
 from moe_tutorial.moe.hf import from_hf
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.moe.routing import Router
@@ -707,7 +708,7 @@ def _routed(dtype):
 def test_other_input_dtypes_to_fp32_experts_name_the_cast(dtype):
     with pytest.raises(ValueError, match=rf"experts got input in {dtype} but its weights are "
                                          r"torch.float32: cast the input"):
-        ExpertMLP(4, 16, 32)(*_routed(dtype))
+        run_experts(GroupedTorchExperts(4, 16, 32), *_routed(dtype))
 
 
 def test_bf16_input_to_an_fp32_softmax_router_names_the_cast():
@@ -716,7 +717,7 @@ def test_bf16_input_to_an_fp32_softmax_router_names_the_cast():
 
 
 def test_bf16_experts_take_bf16_input():
-    out = ExpertMLP(4, 16, 32).to(torch.bfloat16)(*_routed(torch.bfloat16))
+    out, _ = run_experts(GroupedTorchExperts(4, 16, 32).to(torch.bfloat16), *_routed(torch.bfloat16))
     assert out.dtype == torch.bfloat16 and out.shape == (6, 16)
 
 

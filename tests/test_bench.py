@@ -35,8 +35,9 @@ def test_expert_layer_bench_checks_before_timing():
 
 
 def test_cutlass_variant_sets_tes_switch_for_forward_and_backward(monkeypatch):
-    """`<backend>+cutlass` runs forward and backward with NVTE_USE_CUTLASS_GROUPED_GEMM=1 (TE
-    reads it at each GEMM call), says so in the path, and restores the environment after."""
+    """A TE backend built with `cutlass=True` runs its GEMMs' forward and backward with
+    NVTE_USE_CUTLASS_GROUPED_GEMM=1 (TE reads it at each GEMM call), says so in the path, and
+    restores the environment after; the benchmark's row records the option."""
     from moe_tutorial.moe import experts
 
     monkeypatch.delenv(experts.CUTLASS_GROUPED_GEMM_ENV, raising=False)
@@ -53,12 +54,12 @@ def test_cutlass_variant_sets_tes_switch_for_forward_and_backward(monkeypatch):
             seen.append(("backward", os.environ.get(experts.CUTLASS_GROUPED_GEMM_ENV)))
             return grad
 
-    real = experts.TEOpsExperts.forward
-    monkeypatch.setattr(experts.TEOpsExperts, "forward",
-                        lambda self, h, i, w: real(self, Spy.apply(h), i, w))
+    real = experts.TEOpsExperts.grouped_mlp
+    monkeypatch.setattr(experts.TEOpsExperts, "grouped_mlp",
+                        lambda self, rows, counts, w: real(self, Spy.apply(rows), counts, w))
     rows = bench.bench_expert_layer(bench.EXPERT_SHAPES["tiny"], device="cpu", warmup=0, iters=1,
-                                    variants=[("naive", "bf16"), ("te_ops" + bench.CUTLASS, "bf16")])
-    assert rows[1]["status"] == "ok" and rows[1]["backend"] == "te_ops+cutlass"
+                                    variants=[("naive", "bf16"), ("te_ops", "bf16", {"cutlass": True})])
+    assert rows[1]["status"] == "ok" and rows[1]["backend"] == "te_ops" and rows[1]["cutlass"]
     assert rows[1]["path"].endswith("[NVTE_USE_CUTLASS_GROUPED_GEMM=1]")
     assert seen and set(seen) == {("forward", "1"), ("backward", "1")}
     assert experts.CUTLASS_GROUPED_GEMM_ENV not in os.environ
@@ -69,18 +70,18 @@ def test_cutlass_variants_only_on_hopper_with_te():
 
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
     blackwell = hardware.evaluate(hardware.fake_environment("blackwell"))
-    assert ("te_ops+cutlass", "bf16") in bench.expert_variants(hopper)
-    assert not any(b.endswith("+cutlass") for b, _ in bench.expert_variants(blackwell))
+    assert ("te_ops", "bf16", {"cutlass": True}) in bench.expert_variants(hopper)
+    assert not any(v[2:] for v in bench.expert_variants(blackwell))
     cpu = hardware.capabilities(import_te=False)
-    assert not any(b.endswith("+cutlass") for b, _ in bench.expert_variants(cpu))
+    assert not any(v[2:] for v in bench.expert_variants(cpu))
 
 
 def test_a_wrong_variant_is_reported_not_timed(monkeypatch):
     from moe_tutorial.moe import experts
 
-    real = experts.grouped_torch_experts
-    monkeypatch.setitem(experts.BACKENDS, "grouped_torch",
-                        lambda *a: real(*a) * 1.5)  # a plausible bug: a wrong scale
+    real = experts.GroupedTorchExperts.forward
+    monkeypatch.setattr(experts.GroupedTorchExperts, "forward",
+                        lambda self, *a: real(self, *a) * 1.5)  # a plausible bug: a wrong scale
     rows = bench.bench_expert_layer(bench.EXPERT_SHAPES["tiny"], device="cpu", warmup=0, iters=1,
                                     variants=[("naive", "bf16"), ("grouped_torch", "bf16")])
     assert rows[1]["status"] == "wrong" and "median_ms" not in rows[1]

@@ -42,7 +42,7 @@ def test_the_training_table_compares_with_bf16_of_the_same_run_and_says_why_a_ro
 
 def test_every_backend_agrees_with_the_loop_and_says_what_ran():
     torch.manual_seed(0)
-    ref = experts.ExpertMLP(4, 16, 32, "naive")
+    ref = experts.NaiveExperts(4, 16, 32)
     torch.nn.init.normal_(ref.gate_up_proj, std=0.1)
     torch.nn.init.normal_(ref.down_proj, std=0.1)
     x = torch.randn(12, 16)

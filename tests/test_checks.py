@@ -1002,7 +1002,7 @@ def test_pick(capsys):
     assert checks.pick(mine, routing.route, False) is routing.route
     assert "reference (moe_tutorial.moe.routing.route) until your `mine` passes" in capsys.readouterr().out
     checks.pick(mine, checks.reference.expert_loop, False)
-    assert "(experts.naive_experts" in capsys.readouterr().out
+    assert "(experts.NaiveExperts" in capsys.readouterr().out
 
 
 def test_summary(capsys, monkeypatch):

@@ -72,3 +72,49 @@ def test_all_to_all_volume_is_what_the_layer_exchanges(monkeypatch):
     assert sum(log) == expected
     # per layer: counts, rows and weights out, outputs back (forward); three gradients (backward)
     assert len(log) == 7 * config.num_layers
+
+
+@pytest.mark.parametrize("backend", ["naive", "grouped_torch", "sync_free", "te_ops"])
+def test_expert_parallelism_sorts_the_token_copies_once(monkeypatch, backend):
+    """Under ep=2 (one process, the exchanges replaced by identities as above) every MoE layer
+    sorts its token copies once, before the exchange: the arrivals are regrouped by the
+    exchanged counts, and the experts sort nothing."""
+    from moe_tutorial.moe import routing
+
+    sorts, permutes = [], []
+    sort_by_expert, permute = routing.sort_by_expert, distributed.permute
+    monkeypatch.setattr(routing, "sort_by_expert",
+                        lambda *a, **k: (sorts.append(1), sort_by_expert(*a, **k))[1])
+    monkeypatch.setattr(distributed, "permute",
+                        lambda *a, **k: (permutes.append(1), permute(*a, **k))[1])
+    monkeypatch.setattr(distributed.dist, "all_to_all_single",
+                        lambda output, input, group=None: output.copy_(input))
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(distributed, "all_to_all_single_autograd",
+                        lambda x, out_splits, in_splits, group: x.clone())
+    config = preset("tiny")
+    torch.manual_seed(0)
+    model = MoEForCausalLM(config).set_expert_backend(backend)
+    layout = distributed.Layout(dp=1, ep=2, dp_rank=0, ep_rank=0, dp_group=None, ep_group=None)
+    distributed.shard_experts(model, layout)
+    ids = torch.randint(0, config.vocab_size, (2, 8))
+    model(ids, ids).loss.backward()
+    assert len(sorts) == len(permutes) == config.num_layers
+    assert "regroup by expert" in model.expert_paths()[0]
+
+
+@pytest.mark.parametrize("align", [1, 4])
+def test_regrouping_by_the_counts_is_the_sort_by_expert(align):
+    """The arrivals regrouped from the exchanged counts alone land where sorting them by local
+    expert (stable, padded to `align`) would put them: the sort the experts used to run again."""
+    from moe_tutorial.moe import routing
+
+    recv_counts = torch.tensor([[3, 0, 2], [1, 4, 0]])  # 2 source ranks, 3 local experts
+    arrivals = distributed.received_experts(recv_counts).unsqueeze(1)
+    rows = torch.randn(arrivals.shape[0], 5)
+    sorted_rows, _, by_sort = routing.permute(rows, arrivals, None, 3, align)
+    by_counts = distributed.regroup_by_expert(recv_counts, align)
+    for field in ("token_index", "row_index", "assignment_rows", "tokens_per_expert", "m_splits"):
+        assert torch.equal(getattr(by_counts, field), getattr(by_sort, field)), field
+    assert by_counts.num_rows == by_sort.num_rows
+    assert torch.equal(routing.permute_rows(rows, None, by_counts)[0], sorted_rows)

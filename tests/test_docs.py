@@ -375,8 +375,7 @@ def test_a_chapter_time_marker_without_its_partner_is_one_line_naming_the_fix(no
                                                                               capsys):
     chapter = notebooks_root / "notebooks" / "01_naive_moe.ipynb"
     text = chapter.read_text(encoding="utf-8")
-    chapter.write_text(text.replace('"<!-- END generated: chapter-time -->\\n",', '"\\n",'),
-                       encoding="utf-8")
+    chapter.write_text(text.replace("<!-- END generated: chapter-time -->", ""), encoding="utf-8")
     assert main(["--check", "--root", str(notebooks_root)]) == 1
     err = capsys.readouterr().err
     assert "01_naive_moe.ipynb: the first markdown cell's chapter-time markers do not pair up" in err

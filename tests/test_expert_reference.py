@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from moe_tutorial.moe.config import MoEConfig, preset
-from moe_tutorial.moe.experts import EXPERT_BACKENDS, ExpertMLP, convert_experts
+from moe_tutorial.moe.dispatch import run_experts
+from moe_tutorial.moe.experts import EXPERT_BACKENDS, convert_experts, create
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.parallel import distributed, ranks
 
@@ -39,10 +40,11 @@ def _case_name(backend: str, options: dict) -> str:
 
 
 def _expert_results(backend: str, options: dict, dtype: torch.dtype) -> dict:
-    """One experts module on fixed weights and routing: output, and the gradients of the tokens,
-    the routing weights and the weights (HF layout) for a fixed output gradient."""
+    """One experts module on fixed weights and routing, behind the dispatcher (permute, experts,
+    merge): output, and the gradients of the tokens, the routing weights and the weights (HF
+    layout) for a fixed output gradient."""
     gen = torch.Generator().manual_seed(0)
-    experts = ExpertMLP(NUM_EXPERTS, HIDDEN, INTERMEDIATE, dtype=dtype)
+    experts = create("grouped_torch", NUM_EXPERTS, HIDDEN, INTERMEDIATE, dtype=dtype)
     with torch.no_grad():
         experts.gate_up_proj.copy_(torch.randn(experts.gate_up_proj.shape, generator=gen) * 0.1)
         experts.down_proj.copy_(torch.randn(experts.down_proj.shape, generator=gen) * 0.1)
@@ -52,7 +54,7 @@ def _expert_results(backend: str, options: dict, dtype: torch.dtype) -> dict:
     top, indices = scores.softmax(-1).topk(TOP_K, dim=-1)
     weights = top.to(dtype).requires_grad_()
     grad_out = torch.randn(TOKENS, HIDDEN, generator=gen).to(dtype)
-    out = experts(hidden, indices, weights)
+    out, _ = run_experts(experts, hidden, indices, weights)
     out.backward(grad_out)
     gate_up_grad, down_grad = experts.hf_gradients()
     return {"out": out.detach(), "hidden_grad": hidden.grad, "weights_grad": weights.grad,

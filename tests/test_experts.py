@@ -2,27 +2,40 @@
 import pytest
 import torch
 
-from moe_tutorial.moe.experts import BACKENDS, ExpertMLP, default_backend, grouped_mm
+from moe_tutorial.moe import dispatch, routing
+from moe_tutorial.moe.dispatch import LocalDispatcher, run_experts
+from moe_tutorial.moe.experts import (
+    BACKENDS,
+    EXPERT_BACKENDS,
+    PERMUTATIONS,
+    Experts,
+    NaiveExperts,
+    availability,
+    convert_experts,
+    create,
+    default_backend,
+    grouped_mm,
+)
 from moe_tutorial.moe.routing import route
 from moe_tutorial.perf import results
 from moe_tutorial.perf.bench import EXPERT_SHAPES
 
 
 def _experts(E=4, H=16, I=24, dtype=torch.float32):
-    experts = ExpertMLP(E, H, I, dtype=dtype)
+    experts = NaiveExperts(E, H, I, dtype=dtype)
     torch.nn.init.normal_(experts.gate_up_proj, std=0.2)
     torch.nn.init.normal_(experts.down_proj, std=0.2)
     return experts
 
 
 def _run(experts, backend, x, idx, w):
-    experts.backend = backend
+    module = convert_experts(experts, backend)  # the same parameters
     x = x.detach().clone().requires_grad_()
     w = w.detach().clone().requires_grad_()
-    experts.zero_grad()
-    out = experts(x, idx, w)
+    module.zero_grad()
+    out, _ = run_experts(module, x, idx, w)
     out.square().sum().backward()
-    return out, x.grad, w.grad, experts.gate_up_proj.grad.clone(), experts.down_proj.grad.clone()
+    return out, x.grad, w.grad, module.gate_up_proj.grad.clone(), module.down_proj.grad.clone()
 
 
 @pytest.mark.parametrize("backend", ["grouped_torch", "te_permute_grouped_mm"])
@@ -49,24 +62,63 @@ def test_an_expert_with_no_tokens_gets_zero_gradient():
         assert g_gate_up[:2].abs().sum() > 0
 
 
-def test_backends_share_parameters():
+def test_stacked_backends_share_parameters():
     experts = _experts()
     params = [id(p) for p in experts.parameters()]
-    experts.backend = "naive"
-    experts.backend = "grouped_torch"
-    assert [id(p) for p in experts.parameters()] == params and len(params) == 2
+    for backend in ("grouped_torch", "te_permute_grouped_mm", "sync_free", "naive"):
+        experts = convert_experts(experts, backend)
+        assert experts.backend == backend
+        assert [id(p) for p in experts.parameters()] == params and len(params) == 2
 
 
 def test_last_path_reports_what_ran():
     experts = _experts(H=16, I=24)
     x = torch.randn(10, 16)
     w, idx = route(torch.randn(10, 4), 2)
-    experts.backend = "grouped_torch"
-    experts(x, idx, w)
-    assert experts.last_path == "torch._grouped_mm"
-    experts.backend = "naive"
-    experts(x, idx, w)
+    dispatcher = LocalDispatcher()
+    grouped = convert_experts(experts, "grouped_torch")
+    dispatcher(x, idx, w, grouped)
+    assert grouped.last_path == "torch._grouped_mm"
+    assert dispatcher.last_path == "routing.permute → torch._grouped_mm"
+    dispatcher(x, idx, w, experts)
     assert experts.last_path.startswith("naive loop over")
+    assert dispatcher.last_path.startswith("routing.permute (by slot) → naive loop over")
+
+
+@pytest.mark.parametrize("backend", EXPERT_BACKENDS)
+def test_every_backend_keeps_the_contract(backend):
+    """One class per backend behind one contract: built by name, converted from any other, a
+    permutation the dispatcher knows, and sorted rows in, the same rows out."""
+    module = create(backend, 4, 16, 24)
+    assert isinstance(module, Experts) and module.backend == backend
+    assert module.permutation in PERMUTATIONS
+    assert isinstance(BACKENDS[backend].cls, type) and isinstance(module, BACKENDS[backend].cls)
+    converted = convert_experts(_experts(), backend)
+    rows = torch.randn(20, 16)
+    rows_per_expert = torch.tensor([5, 0, 7, 8])
+    weights = torch.rand(20) if converted.applies_routing_weights else None
+    assert converted(rows, rows_per_expert, weights).shape == (20, 16)
+    runs, what = availability(backend)
+    assert what.startswith(f"{backend}: ") and (runs or "pure-PyTorch stand-in" in what)
+
+
+def test_the_experts_see_rows_sorted_by_expert():
+    """What reaches a backend: rows grouped by expert with their block lengths, whatever the
+    order of the tokens."""
+    seen = {}
+
+    class Recording(NaiveExperts):
+        def forward(self, rows, rows_per_expert, row_weights=None):
+            seen.update(rows=rows.detach().clone(), counts=rows_per_expert.tolist())
+            return super().forward(rows, rows_per_expert, row_weights)
+
+    experts = Recording.from_experts(_experts())
+    x = torch.randn(6, 16)
+    idx = torch.tensor([[2, 0], [0, 3], [3, 2], [2, 0], [1, 3], [0, 2]])
+    run_experts(experts, x, idx, torch.full((6, 2), 0.5))
+    assert seen["counts"] == [4, 1, 4, 3]
+    # expert 0's rows: its first choices (tokens 1, 5), then its second ones (0, 3)
+    torch.testing.assert_close(seen["rows"][:4], x[[1, 5, 0, 3]])
 
 
 def test_grouped_mm_fallback_for_unaligned_rows():
@@ -100,17 +152,38 @@ def test_bf16_backends_agree():
 
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown expert backend 'fast'.*grouped_torch"):
-        ExpertMLP(2, 4, 4, backend="fast")
+        create("fast", 2, 4, 4)
     assert set(BACKENDS) >= {"naive", "grouped_torch"}
 
 
 def test_te_permute_grouped_mm_says_it_ran_its_counterpart_without_te():
-    experts = _experts()
+    experts = convert_experts(_experts(), "te_permute_grouped_mm")
     x = torch.randn(10, 16)
     w, idx = route(torch.randn(10, 4), 2)
-    _run(experts, "te_permute_grouped_mm", x, idx, w)
-    assert experts.last_path.startswith("routing.permute → ")
+    _, path = run_experts(experts, x, idx, w)
+    assert path.startswith("routing.permute → ")
     assert "pure-PyTorch counterpart" in experts.last_path
+
+
+def test_the_dispatcher_permutes_once_per_layer(monkeypatch):
+    """One sort of the token copies per MoE layer, whatever the backend: the experts take the
+    dispatcher's sorted rows and sort nothing themselves."""
+    calls = []
+    for name in ("permute", "permute_static"):
+        original = getattr(routing, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        for module in (routing, dispatch):  # the dispatcher's sorts, and any an expert would call
+            monkeypatch.setattr(module, name, counted)
+    x = torch.randn(10, 16)
+    w, idx = route(torch.randn(10, 4), 2)
+    for backend in EXPERT_BACKENDS:
+        calls.clear()
+        run_experts(convert_experts(_experts(), backend), x, idx, w)
+        assert len(calls) == 1, (backend, calls)
 
 
 @pytest.mark.parametrize("hidden, intermediate, fp8, te_on_gpu, expected", [
@@ -139,13 +212,13 @@ def test_the_default_backend_rule_is_what_the_h200_measured():
             and r["precision"] == "bf16"]
     cases = {(r["shape"], r["routing"]) for r in rows}
     assert {shape for shape, _ in cases} >= {"mixtral", "fine_grained", "deepseek_v3"}
-    for shape, routing in sorted(cases):
+    for shape, how in sorted(cases):
         ms = {r["backend"]: r["median_ms"] for r in rows
-              if (r["shape"], r["routing"]) == (shape, routing)}
+              if (r["shape"], r["routing"]) == (shape, how)}
         s = EXPERT_SHAPES[shape]
         pick = default_backend(s.hidden, s.intermediate, fp8=False, te_on_gpu=True)
         marked = [r["backend"] for r in rows
-                  if (r["shape"], r["routing"]) == (shape, routing) and r.get("default")]
-        assert marked == [pick], (shape, routing, marked)
+                  if (r["shape"], r["routing"]) == (shape, how) and r.get("default")]
+        assert marked == [pick], (shape, how, marked)
         other = ({"te_ops", "te_permute_grouped_mm"} - {pick}).pop()
-        assert ms[pick] <= 1.05 * ms[other], (shape, routing, ms[pick], ms[other])
+        assert ms[pick] <= 1.05 * ms[other], (shape, how, ms[pick], ms[other])

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.experts import ExpertMLP, convert_experts, dispatch, interleave_glu
+from moe_tutorial.moe.dispatch import run_experts, te_dispatch
+from moe_tutorial.moe.experts import convert_experts, create, interleave_glu
 from moe_tutorial.moe.hf import to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.moe.routing import permute, route
@@ -28,7 +29,7 @@ def _relerr(a, b):
 
 def _problem(E=8, H=256, I=512, T=1024, k=2, skew=False):
     torch.manual_seed(0)
-    ref = ExpertMLP(E, H, I, "naive", dtype=torch.bfloat16, device="cuda")
+    ref = create("naive", E, H, I, dtype=torch.bfloat16, device="cuda")
     torch.nn.init.normal_(ref.gate_up_proj, std=0.05)
     torch.nn.init.normal_(ref.down_proj, std=0.05)
     logits = torch.randn(T, E)
@@ -39,22 +40,23 @@ def _problem(E=8, H=256, I=512, T=1024, k=2, skew=False):
 
 
 def _fwd_bwd(module, x, idx, w, recipe=None):
+    """(output, input grad, routing-weight grad, what the dispatcher and experts ran)"""
     x = x.detach().clone().requires_grad_()
     w = w.detach().clone().requires_grad_()
     ctx = (hardware.transformer_engine().autocast(enabled=True, recipe=recipe) if recipe
            else torch.autocast("cuda", enabled=False))
     with ctx:
-        out = module(x, idx, w)
+        out, path = run_experts(module, x, idx, w)
     out.float().square().sum().backward()
-    return out, x.grad, w.grad
+    return out, x.grad, w.grad, path
 
 
 def test_te_dispatch_equals_the_reference_permutation(te):
     _, x, w, idx = _problem(skew=True)
     for align in (1, 16, 128):
-        d = dispatch(x, idx, w, 8, align, te)
+        d = te_dispatch(x, idx, w, 8, align, te)
         rows, row_w, perm = permute(x, idx, w, 8, align)
-        assert d.m_splits.tolist() == perm.m_splits.tolist()
+        assert d.rows_per_expert.tolist() == perm.m_splits.tolist()
         assert torch.equal(d.rows, rows), f"align {align}"
         torch.testing.assert_close(d.row_weights, row_w)
         y = rows * 2
@@ -70,14 +72,14 @@ def test_te_dispatch_equals_the_reference_permutation(te):
 def test_bf16_backends_match_the_loop(te, backend, options, skew):
     ref, x, w, idx = _problem(skew=skew)
     expected = _fwd_bwd(ref, x, idx, w)
-    module = convert_experts(ExpertMLP(8, 256, 512, dtype=torch.bfloat16, device="cuda"), backend,
-                             **options)
+    module = convert_experts(create("grouped_torch", 8, 256, 512, dtype=torch.bfloat16,
+                                    device="cuda"), backend, **options)
     module.load_hf_weights(ref.gate_up_proj, ref.down_proj)
     got = _fwd_bwd(module, x, idx, w)
     for a, b, what in zip(expected, got, ("output", "input grad", "routing-weight grad")):
         assert _relerr(b, a) < 2e-2, f"{backend} {what}: {_relerr(b, a):.2e}"
     if backend.startswith("te"):
-        assert "te." in module.last_path and "pure-PyTorch" not in module.last_path
+        assert "te." in got[3] and "pure-PyTorch" not in got[3]
 
 
 def test_our_interleave_is_tes(te):
@@ -108,7 +110,7 @@ def test_fp8_backends_within_fp8_tolerance(te, backend, recipe_name):
     # GEMMs; 0.15 catches wrong answers (~100%) while allowing FP8's rounding.
     for a, b, what in zip(expected, got, ("output", "input grad", "routing-weight grad")):
         assert _relerr(b, a) < 0.15, f"{backend}/{recipe_name} {what}: {_relerr(b, a):.3f}"
-    assert f"align {choice.align}" in module.last_path
+    assert f"align {choice.align}" in got[3]
 
 
 def test_hopper_runs_te_ops_unfused_and_says_why(te):
@@ -117,12 +119,12 @@ def test_hopper_runs_te_ops_unfused_and_says_why(te):
         pytest.skip("Blackwell: the fused path is tested by test_fused_path_on_blackwell")
     ref, x, w, idx = _problem()
     module = convert_experts(ref, "te_ops", glu_interleave_size=32)
-    module(x, idx, w)
+    run_experts(module, x, idx, w)
     assert module.fused is False
     assert "unfused" in module.last_path and "compute capability 10.x" in module.last_path
     module.require_fused = True
     with pytest.raises(RuntimeError, match="require_fused=True"):
-        module(x, idx, w)
+        run_experts(module, x, idx, w)
 
 
 def test_fused_path_on_blackwell(te):
@@ -158,7 +160,7 @@ def test_model_fp8_keeps_router_and_lm_head_in_bf16(te):
     out.loss.backward()
     assert abs(out.loss.item() - bf16_loss) < 0.05
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-    assert f"align {model.precision.align}" in model.model.layers[0].mlp.experts.last_path
+    assert f"align {model.precision.align}" in model.expert_paths()[0]
     # the HF-layout export still works after the TE conversion
     state = to_hf_state_dict(model)
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
@@ -221,7 +223,7 @@ def test_the_torch_grouped_paths_give_the_loops_weight_gradients(te):
     ref, x, w, idx = _problem(skew=True)
     _fwd_bwd(ref, x, idx, w)
     for backend in ("grouped_torch", "te_permute_grouped_mm"):
-        module = ExpertMLP(8, 256, 512, dtype=torch.bfloat16, device="cuda")
+        module = create("grouped_torch", 8, 256, 512, dtype=torch.bfloat16, device="cuda")
         module.load_hf_weights(ref.gate_up_proj, ref.down_proj)
         module = convert_experts(module, backend)
         _fwd_bwd(module, x, idx, w)

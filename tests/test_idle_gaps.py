@@ -114,13 +114,14 @@ def test_a_real_profile_names_the_course_function_that_ran_the_op():
     from torch.profiler import ProfilerActivity, profile
 
     from moe_tutorial.moe import experts
+    from moe_tutorial.moe.dispatch import run_experts
 
-    layer = experts.ExpertMLP(4, 16, 32, "grouped_torch")
+    layer = experts.create("grouped_torch", 4, 16, 32)
     x, indices = torch.randn(8, 16), torch.randint(0, 4, (8, 2))
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        layer(x, indices, torch.rand(8, 2))
+        run_experts(layer, x, indices, torch.rand(8, 2))
     op = next(e for e in prof.events() if e.name == "aten::_grouped_mm")
-    assert idle_gaps.where(op).startswith("moe_tutorial/moe/experts.py(")
+    assert idle_gaps.where(op).startswith("moe_tutorial/moe/experts/grouped_torch.py(")
     assert idle_gaps.where(op).endswith("): grouped_mm")
 
 

@@ -145,7 +145,7 @@ def test_a_real_matrix_on_cpu_records_every_row(tmp_path, capsys):
         assert row["tokens_per_s_per_gpu"] > 0 and row["pflops_per_gpu"] > 0
         assert len(row["ranks"]) == 2 and row["mfu"] is None  # no datasheet peak for a CPU
         assert row["engine"] == "fsdp2" and row["predicted_peak_gib"] > 0
-    assert rows[("ours", "dp2×ep1", "bf16")]["path"] == "torch._grouped_mm"
+    assert rows[("ours", "dp2×ep1", "bf16")]["path"] == "routing.permute → torch._grouped_mm"
     assert rows[("hf", "dp2×ep1", "bf16")]["path"].startswith("HF transformers MixtralForCausalLM")
     assert rows[("hf", "dp2×ep1", "bf16")]["backend"] == "hf_grouped_mm"
     fp8 = rows[("ours", "dp2×ep1", "fp8")]

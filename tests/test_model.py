@@ -122,7 +122,7 @@ def test_switching_backend_keeps_outputs():
     model.set_expert_backend("grouped_torch")
     assert model.expert_backend == "grouped_torch"
     torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
-    assert model.expert_paths() == ["torch._grouped_mm"] * 2
+    assert model.expert_paths() == ["routing.permute → torch._grouped_mm"] * 2
 
 
 def test_bf16_model_runs_and_is_close_to_fp32():

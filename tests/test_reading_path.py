@@ -14,13 +14,13 @@ import moe_tutorial
 # (module, object) in reading order.
 READING_PATH = [
     ("moe_tutorial.moe.model", "MoEBlock"),
-    ("moe_tutorial.moe.model", "LocalDispatcher"),
+    ("moe_tutorial.moe.dispatch", "LocalDispatcher"),
     ("moe_tutorial.moe.routing", "Router"),
     ("moe_tutorial.moe.routing", "route"),
-    ("moe_tutorial.moe.experts", "naive_experts"),
+    ("moe_tutorial.moe.experts.naive", "NaiveExperts"),
     ("moe_tutorial.train.loop", "train_step"),
 ]
-REFERENCE_LOOP = ("moe_tutorial.moe.experts", "naive_experts")
+REFERENCE_LOOP = ("moe_tutorial.moe.experts.naive", "NaiveExperts")
 MAX_LINES, MAX_FILES = 400, 3
 
 

@@ -164,7 +164,8 @@ def test_chapters_profile_each_step_variant_and_say_what_they_skipped(chapters):
         for part in ("GEMMs", "permutation", "attention", "optimizer", "norms & elementwise"):
             assert breakdown.part_ms[part] > 0, part
         assert breakdown.part_ms["communication"] == 0  # one process
-    assert chapters.breakdowns["naive loop"].path.startswith("naive loop over")
+    assert chapters.breakdowns["naive loop"].path.startswith(
+        "routing.permute (by slot) → naive loop over")
     assert "counterpart" in chapters.breakdowns["te.ops grouped MLP (PyTorch counterpart)"].path
     # FP8 needs TE on a GPU: skipped, with the reason, not replaced by something else
     assert list(chapters.skipped) == ["FP8 te.ops"]
@@ -187,7 +188,7 @@ def test_profile_train_step_takes_a_list_of_batches():
     batches = [bench._random_batch(TINY, 1, 16, "cpu")] * 2
     breakdown = step_profile.profile_train_step(model, v.optimizer(model, 1e-5), batches,
                                                 device="cpu", steps=1, warmup=0)
-    assert breakdown.steps == 1 and breakdown.path == "torch._grouped_mm"
+    assert breakdown.steps == 1 and breakdown.path == "routing.permute → torch._grouped_mm"
 
 
 @pytest.mark.parametrize("kwargs, match", [

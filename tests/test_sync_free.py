@@ -5,18 +5,13 @@ points; on a GPU, `-m gpu`: torch's sync debug mode around the graphed step)."""
 import pytest
 import torch
 
-from moe_tutorial.moe import sync_free
 from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.experts import ExpertMLP, convert_experts
+from moe_tutorial.moe.dispatch import run_experts
+from moe_tutorial.moe.experts import convert_experts, create, sync_free
+from moe_tutorial.moe.experts.sync_free import FP8_ROW_ALIGNMENT, quantize_rowwise
 from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.moe.routing import permute, route, unpermute
-from moe_tutorial.moe.sync_free import (
-    FP8_ROW_ALIGNMENT,
-    permute_static,
-    quantize_rowwise,
-    static_rows,
-)
+from moe_tutorial.moe.routing import permute, permute_static, route, static_rows, unpermute
 from moe_tutorial.perf import host_syncs
 from moe_tutorial.perf.host_syncs import HostSync, host_sync_entry_points
 from moe_tutorial.train import graphed
@@ -67,7 +62,7 @@ def test_static_rows_bound_every_routing():
 
 
 def _experts_problem(experts=8, hidden=32, inter=64, tokens=48, top_k=2, skew=False):
-    ref = ExpertMLP(experts, hidden, inter, "naive")
+    ref = create("naive", experts, hidden, inter)
     torch.nn.init.normal_(ref.gate_up_proj, std=0.1)
     torch.nn.init.normal_(ref.down_proj, std=0.1)
     weights, indices = _routing(tokens, experts, top_k, skew)
@@ -77,7 +72,7 @@ def _experts_problem(experts=8, hidden=32, inter=64, tokens=48, top_k=2, skew=Fa
 def _outputs_and_grads(module, x, indices, weights):
     x = x.detach().clone().requires_grad_()
     w = weights.detach().clone().requires_grad_()
-    out = module(x, indices, w)
+    out, _ = run_experts(module, x, indices, w)
     out.square().sum().backward()
     grads = module.hf_gradients()
     return out, x.grad, w.grad, *grads
@@ -127,10 +122,10 @@ def test_fp8_rows_are_quantized_per_row():
 def test_rows_the_grouped_gemm_cannot_take_are_refused_in_one_line(backend):
     """Rows of 5 fp32 features (20 bytes) are not 16-byte aligned: a clear refusal, not a loop
     that would read the offsets on the host."""
-    bad = ExpertMLP(8, 5, 16, backend)
+    bad = create(backend, 8, 5, 16)
     weights, indices = _routing(4, 8, 2)
     with pytest.raises(ValueError, match="torch._grouped_mm.*16 bytes"):
-        bad(torch.randn(4, 5), indices, weights)
+        run_experts(bad, torch.randn(4, 5), indices, weights)
 
 
 def _meta_step(backend):
@@ -218,7 +213,7 @@ def test_fp8_alignment_is_what_the_kernel_needs():
 
 def _gpu_problem(E=8, H=256, I=512, T=1024, k=2, skew=False):
     torch.manual_seed(0)
-    ref = ExpertMLP(E, H, I, "naive", dtype=torch.bfloat16, device="cuda")
+    ref = create("naive", E, H, I, dtype=torch.bfloat16, device="cuda")
     torch.nn.init.normal_(ref.gate_up_proj, std=0.05)
     torch.nn.init.normal_(ref.down_proj, std=0.05)
     w, idx = _routing(T, E, k, skew, "cuda")

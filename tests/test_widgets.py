@@ -467,7 +467,7 @@ def test_a_te_backend_without_te_is_labelled_as_its_stand_in():
     torch = pytest.importorskip("torch")
     from moe_tutorial.moe import experts
 
-    mlp = experts.ExpertMLP(4, 8, 16, "grouped_torch")
+    mlp = experts.create("grouped_torch", 4, 8, 16)
     assert experts.backend_label(mlp) == "grouped_torch"
     te = experts.convert_experts(mlp, "te_grouped_linear")
     ops = experts.convert_experts(mlp, "te_ops")
@@ -476,6 +476,6 @@ def test_a_te_backend_without_te_is_labelled_as_its_stand_in():
         return
     assert not te.uses_te and experts.backend_label(te) == STAND_IN
     assert experts.backend_label(ops) == "te_ops: pure-PyTorch stand-in of te.ops' grouped MLP"
-    mlp.backend = "te_permute_grouped_mm"  # on the CPU: routing.permute instead of TE's kernels
+    mlp = experts.convert_experts(mlp, "te_permute_grouped_mm")  # on the CPU: routing.permute
     assert experts.backend_label(mlp) == ("te_permute_grouped_mm: pure-PyTorch stand-in of "
                                           "TE's permutation kernels")

@@ -96,11 +96,22 @@ BACKEND_LABELS = {"grouped_torch": "torch._grouped_mm", "te_grouped_linear": "te
                   "te_ops": "te.ops"}
 
 
-def _backend_label(backend: str) -> str:
-    from moe_tutorial.perf.bench import CUTLASS
+# Results committed before TE's CUTLASS grouped GEMM became a backend option (`cutlass=True`,
+# recorded in a row as "cutlass") name its rows "<backend>+cutlass"
+COMMITTED_CUTLASS_SUFFIX = "+cutlass"
 
-    base = BACKEND_LABELS.get(backend.removesuffix(CUTLASS), backend)
-    return base + (" + CUTLASS" if backend.endswith(CUTLASS) else "")
+
+def _runs_cutlass(row: dict) -> bool:
+    return bool(row.get("cutlass")) or row["backend"].endswith(COMMITTED_CUTLASS_SUFFIX)
+
+
+def _backend(row: dict) -> str:
+    return row["backend"].removesuffix(COMMITTED_CUTLASS_SUFFIX)
+
+
+def _backend_label(row: dict) -> str:
+    return (BACKEND_LABELS.get(_backend(row), _backend(row))
+            + (" + CUTLASS" if _runs_cutlass(row) else ""))
 
 
 def _expert_rows(report: dict, shape: str, routing: str = "balanced") -> list[dict]:
@@ -143,15 +154,16 @@ def h200_environment() -> str:
             f"{_peak_text(report, 'fp8')}.")
 
 
-# (header, backends to choose the fastest of, precision); the loop comes first.
+# (header, backends to choose the fastest of, precision, with TE's CUTLASS grouped GEMM); the
+# loop comes first.
 EXPERT_COLUMNS = [
-    ("HF-eager-style loop", ("naive",), "bf16"),
-    ("`torch._grouped_mm`", ("grouped_torch",), "bf16"),
-    ("TE permutation + `torch._grouped_mm`", ("te_permute_grouped_mm",), "bf16"),
-    ("`te.GroupedLinear` bf16", ("te_grouped_linear",), "bf16"),
-    ("`te.ops` bf16", ("te_ops",), "bf16"),
-    ("+ CUTLASS grouped GEMM", ("te_grouped_linear+cutlass", "te_ops+cutlass"), "bf16"),
-    ("`te.ops` FP8 (DelayedScaling)", ("te_ops",), "DelayedScaling"),
+    ("HF-eager-style loop", ("naive",), "bf16", False),
+    ("`torch._grouped_mm`", ("grouped_torch",), "bf16", False),
+    ("TE permutation + `torch._grouped_mm`", ("te_permute_grouped_mm",), "bf16", False),
+    ("`te.GroupedLinear` bf16", ("te_grouped_linear",), "bf16", False),
+    ("`te.ops` bf16", ("te_ops",), "bf16", False),
+    ("+ CUTLASS grouped GEMM", ("te_grouped_linear", "te_ops"), "bf16", True),
+    ("`te.ops` FP8 (DelayedScaling)", ("te_ops",), "DelayedScaling", False),
 ]
 SHAPE_LABELS = {"mixtral": "Mixtral 8x7B", "fine_grained": "fine-grained", "small": "small",
                 "qwen3_30b_a3b": "Qwen3-MoE-30B-A3B", "olmoe_1b_7b": "OLMoE-1B-7B",
@@ -165,7 +177,7 @@ def _expert_cell(row: dict | None, name_backend: bool) -> str:
         return row.get("status", "?").upper()
     if row["backend"] == "naive":
         return f"{row['median_ms']:.1f} ms"
-    detail = f", {_backend_label(row['backend'])}" if name_backend else ""
+    detail = f", {_backend_label(row)}" if name_backend else ""
     return f"{row['median_ms']:.1f} ms ({row['speedup_vs_loop']:.2f}×{detail})"
 
 
@@ -179,8 +191,9 @@ def h200_expert_layer() -> str:
     rows = []
     for shape in shapes:
         found = _expert_rows(report, shape)
-        chosen = [_fastest([r for r in found if r["backend"] in backends and r["precision"] == p])
-                  for _, backends, p in EXPERT_COLUMNS]
+        chosen = [_fastest([r for r in found if _backend(r) in backends and r["precision"] == p
+                            and _runs_cutlass(r) == cutlass])
+                  for _, backends, p, cutlass in EXPERT_COLUMNS]
         best = _fastest([r for r in chosen[1:] if r is not None])
         cells = [_expert_cell(r, len(col[1]) > 1) for r, col in zip(chosen, EXPERT_COLUMNS)]
         cells = [f"**{c}**" if r is best and r is not None else c for r, c in zip(chosen, cells)]
@@ -213,12 +226,10 @@ def _expert_shapes_by_run(report: dict) -> list[tuple[dict, list[str]]]:
 
 def _cutlass_ratios(experts: list[dict], shape: str) -> list[float]:
     """Time with TE's CUTLASS grouped GEMM over time without, per routing and TE backend."""
-    from moe_tutorial.perf.bench import CUTLASS
-
-    ms = {(r["routing"], r["backend"]): r["median_ms"] for r in experts
+    ms = {(r["routing"], _backend(r), _runs_cutlass(r)): r["median_ms"] for r in experts
           if r["shape"] == shape and r["precision"] == "bf16" and r.get("status") == "ok"}
-    return [t / ms[(routing, backend.removesuffix(CUTLASS))]
-            for (routing, backend), t in ms.items() if backend.endswith(CUTLASS)]
+    return [t / ms[(routing, backend, False)]
+            for (routing, backend, cutlass), t in ms.items() if cutlass]
 
 
 def _loop_ms(name: str, shape: str) -> str:
@@ -234,7 +245,7 @@ def h200_expert_notes() -> str:
            if r.get("status") == "ok" and precision_kind(r["precision"]) == "fp8"]
     slower = [ratio - 1 for ratio in _cutlass_ratios(experts, "mixtral")]
     faster = [1 / ratio for ratio in _cutlass_ratios(experts, "fine_grained")]
-    unsupported = sorted({f"`{_backend_label(r['backend'])}` with `{r['precision']}`"
+    unsupported = sorted({f"`{_backend_label(r)}` with `{r['precision']}`"
                           for r in experts if r.get("status") == "unsupported"})
     # Every H200 file with the loop: how much a launch-bound time moves between runs.
     loops = [_loop_ms(name, "fine_grained")
@@ -447,7 +458,7 @@ def _target_detail(report: dict, key: str) -> str:
                         and (kind is None or precision_kind(r["precision"]) == kind)
                         and ("_default_" not in key or r.get("default"))])
         recipe = f", {row['precision']}" if precision_kind(row["precision"]) == "fp8" else ""
-        return f"{_backend_label(row['backend'])}{recipe}"
+        return f"{_backend_label(row)}{recipe}"
     train = _train_rows(report)
     best = train[report["summary"]["train_step_best_variant"]]
     if key == "train_step_best_bf16_speedup_vs_hf_grouped_mm_compiled":

@@ -1,3 +1,2 @@
-"""The model the course teaches: config, routing, experts, the model, HF interop."""
-
-from . import sync_free  # noqa: F401  (registers the sync-free expert backends)
+"""The model the course teaches: config, routing, the dispatcher, the experts (`experts/`,
+whose `naive.py` is the reference loop), the model, HF interop."""

@@ -5,7 +5,7 @@ own loop) and those registered in `ExpertsInterface` — `grouped_mm`, `batched_
 and `sonicmoe` in 5.17 to 5.25 (transformers/integrations/moe.py:543-548 in 5.25.0). A fair
 comparison names which one ran. The course compares with two of them, and with one compiled:
 
-* `eager` — a Python loop over the experts that received tokens (what `experts.naive_experts`
+* `eager` — a Python loop over the experts that received tokens (what `experts.NaiveExperts`
   reproduces step for step): the naive baseline;
 * `grouped_mm` — sort tokens by expert, `torch._grouped_mm` per projection (HF's default where
   available): the strong baseline;

@@ -10,10 +10,10 @@ RMSNorm, attention biases, clip_qkv, sigmoid and group-limited routing, a shared
 `families.py` says which family has which, and maps their configs. Module and parameter names
 follow HF transformers 5's (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`, ...), so a state dict
 moves between the two (`hf.from_hf(hf_model)`, `hf.to_hf_state_dict(model)`).
-The MoE block is `routing.Router` → a token dispatcher → `experts.ExpertMLP`; its
-`expert_backend` (naive loop, grouped GEMM, TE...) can be switched on a live model without
-touching the weights, and its dispatcher swapped for expert parallelism
-(`distributed.shard_experts`).
+The MoE block is `routing.Router` → a token dispatcher (`dispatch.LocalDispatcher`: permute,
+experts, merge) → the experts (`experts/`, one backend per file); its `expert_backend` (naive
+loop, grouped GEMM, TE...) can be switched on a live model, and its dispatcher swapped for
+expert parallelism (`distributed.shard_experts`).
 
 The training loss is HF's: mean next-token cross-entropy (`loss.cross_entropy`) + aux_loss_coef
 × the load-balancing loss pooled over all layers; `batch.check_batch` refuses a bad batch first.
@@ -43,7 +43,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ..precision import hardware, recipes, te_projections
 from .batch import IGNORE_INDEX, check_batch
 from .config import MoEConfig
-from .experts import TE_BACKENDS, ExpertMLP, convert_experts, default_backend
+from .dispatch import LocalDispatcher
+from .experts import TE_BACKENDS, convert_experts, create, default_backend
 from .loss import cross_entropy
 from .routing import Router, load_balancing_loss
 
@@ -156,30 +157,6 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
-class LocalDispatcher(nn.Module):
-    """The token dispatcher of a process that holds all the experts: the token copies need not
-    move, the experts backend groups them by expert itself.
-
-    A dispatcher takes every token's k copies to their experts and brings the weighted outputs
-    back: `dispatcher(hidden [T, H], indices [T, k], weights [T, k], experts) -> [T, H]`. It
-    holds no weights (the experts module does) and reports `last_path`, what the last forward
-    pass ran, experts included; `full_hf_weights(experts)` returns all the layer's experts in
-    HF layout, wherever they live. `distributed.AllToAllDispatcher` is the expert-parallel one."""
-
-    def __init__(self):
-        super().__init__()
-        self.last_path: str | None = None
-
-    def forward(self, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
-                experts: nn.Module) -> torch.Tensor:
-        out = experts(hidden, indices, weights)
-        self.last_path = experts.last_path
-        return out
-
-    def full_hf_weights(self, experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        return experts.hf_weights()
-
-
 class SharedExpert(nn.Module):
     """A dense SwiGLU MLP every token passes through beside its routed experts (Qwen2-MoE's
     `shared_expert`; DeepSeek-V3's `shared_experts`, n of them being one MLP n times as wide):
@@ -211,8 +188,8 @@ class MoEBlock(nn.Module):
                            topk_group=cfg.topk_group, scaling_factor=cfg.routed_scaling_factor,
                            **kw)
         self.dispatcher = LocalDispatcher()
-        self.experts = ExpertMLP(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
-                                 expert_backend, **kw)
+        self.experts = create(expert_backend, cfg.num_experts, cfg.hidden_size,
+                              cfg.intermediate_size, **kw)
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:
             self.shared_expert = SharedExpert(cfg.hidden_size,
@@ -335,7 +312,8 @@ class MoEForCausalLM(nn.Module):
 
     def set_expert_backend(self, name: str, **options) -> MoEForCausalLM:
         """Switch every layer's experts to backend `name` (see `experts.convert_experts`; the TE
-        backends take `align`, `glu_interleave_size`, `require_fused`), or to the one the course
+        backends take `align` and `cutlass`, te_ops also `glu_interleave_size` and
+        `require_fused`), or to the one the course
         picks for this model's expert width, precision and machine (`"auto"`:
         `experts.default_backend`). Create the optimizer after this: a TE backend has its own
         parameters."""

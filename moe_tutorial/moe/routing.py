@@ -22,7 +22,9 @@ multiple of an alignment (`recipes.alignment`, TE 2.20's rule: 16 for the FP8 re
 scaling included, 32 for MXFP8, 128 for NVFP4; 256 for the fused grouped MLP): `align` pads each
 block with zero rows. `unpermute` is the exact
 inverse: it gathers each token's k expert outputs (never a padding row), weights them by the
-routing probabilities and sums them.
+routing probabilities and sums them. `permute_static` sorts the same way into a buffer sized by
+the shapes alone (no host read, for CUDA graphs); the dispatcher (`dispatch.py`) runs one of
+them once per layer, and the experts take its sorted rows.
 
 Everything here is plain differentiable torch with no Python loop over tokens or experts.
 """
@@ -311,37 +313,113 @@ def padded_rows(tokens_per_expert: torch.Tensor, align: int) -> torch.Tensor:
 
 
 def permute(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor | None,
-            num_experts: int, align: int = 1):
+            num_experts: int, align: int = 1, *, slot_major: bool = False):
     """Sort token copies by expert, padding each expert's block of rows to a multiple of `align`.
 
     hidden [T, H], indices [T, k] (expert of each token's k-th slot), weights [T, k] or None.
     Returns (rows [R, H], row_weights [R] fp32 or None, Permutation); padding rows are zero and
-    carry weight zero. Tokens keep their original order within an expert (a stable sort).
+    carry weight zero. Tokens keep their original order within an expert (a stable sort);
+    `slot_major=True` orders each expert's copies by slot first, then token: the order in which
+    HF's eager experts loop visits them (`torch.where` over its [k, T] mask), which the naive
+    backend keeps so that its sums run in HF's order.
     """
-    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
-        raise ValueError(f"align={align!r} must be a positive whole number of rows "
-                         f"(1 = no padding)")
+    _check_align(align)
     check_routed_shapes(hidden, indices, weights)
     num_tokens, top_k = indices.shape
-    sort_order, tokens_per_expert = sort_by_expert(indices, num_experts)
-    sorted_experts = indices.reshape(-1)[sort_order]
-    token_index = sort_order // top_k
-
-    m_splits = padded_rows(tokens_per_expert, align)
-    real_starts = torch.cumsum(tokens_per_expert, 0) - tokens_per_expert
-    padded_starts = torch.cumsum(m_splits, 0) - m_splits
-    rank_in_expert = torch.arange(sort_order.numel(), device=indices.device) - real_starts[sorted_experts]
-    row_index = padded_starts[sorted_experts] + rank_in_expert
-    num_rows = int(m_splits.sum())  # one host sync: the buffer's size decides kernel shapes
-
-    assignment_rows = torch.empty_like(row_index).scatter_(0, sort_order, row_index)
-    perm = Permutation(token_index, row_index, assignment_rows.view(num_tokens, top_k),
-                       tokens_per_expert, m_splits, num_rows, align)
+    if slot_major:  # sort the [k, T] copies, then name each copy as the [T, k] order does
+        by_slot, tokens_per_expert = sort_by_expert(indices.t(), num_experts)
+        sort_order = by_slot % num_tokens * top_k + by_slot // num_tokens
+    else:
+        sort_order, tokens_per_expert = sort_by_expert(indices, num_experts)
+    perm = sorted_permutation(sort_order, indices.reshape(-1)[sort_order], tokens_per_expert,
+                              num_tokens, top_k, align)
     rows = _Dispatch.apply(hidden, perm)
     row_weights = None
     if weights is not None:
         row_weights = _scatter_rows(weights.float().reshape(-1)[sort_order], perm)
     return rows, row_weights, perm
+
+
+def _check_align(align) -> None:
+    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
+        raise ValueError(f"align={align!r} must be a positive whole number of rows "
+                         f"(1 = no padding)")
+
+
+def sorted_permutation(sort_order: torch.Tensor, sorted_experts: torch.Tensor,
+                       tokens_per_expert: torch.Tensor, num_tokens: int, top_k: int,
+                       align: int = 1) -> Permutation:
+    """The `Permutation` that puts the T·k copies in `sort_order` (copy numbers t·k + j, sorted
+    by expert: `sorted_experts` [T·k] are their experts) into a buffer where each expert's block
+    is padded to a multiple of `align`. Reads the buffer's size on the host (one sync)."""
+    m_splits = padded_rows(tokens_per_expert, align)
+    real_starts = torch.cumsum(tokens_per_expert, 0) - tokens_per_expert
+    padded_starts = torch.cumsum(m_splits, 0) - m_splits
+    rank_in_expert = (torch.arange(sort_order.numel(), device=sort_order.device)
+                      - real_starts[sorted_experts])
+    row_index = padded_starts[sorted_experts] + rank_in_expert
+    num_rows = int(m_splits.sum())  # one host sync: the buffer's size decides kernel shapes
+    assignment_rows = torch.empty_like(row_index).scatter_(0, sort_order, row_index)
+    return Permutation(sort_order // top_k, row_index,
+                       assignment_rows.view(num_tokens, top_k), tokens_per_expert, m_splits,
+                       num_rows, align)
+
+
+def permute_rows(rows: torch.Tensor, weights: torch.Tensor | None,
+                 perm: Permutation) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Apply `perm`, a permutation of rows that have one expert each (k = 1, e.g. the rows
+    another rank sent: `distributed.regroup_by_expert`), to rows [N, H] and their weights [N]
+    (or None). Returns (rows [R, H], row weights [R] in the weights' dtype, or None), padding
+    zero, as `unpermute` inverts."""
+    if perm.assignment_rows.shape[1] != 1:
+        raise ValueError("permute_rows applies a permutation of one-expert rows (k = 1); "
+                         "permute token copies with permute")
+    row_weights = None if weights is None else _scatter_rows(weights[perm.token_index], perm)
+    return _Dispatch.apply(rows, perm), row_weights
+
+
+def static_rows(num_tokens: int, top_k: int, num_experts: int, align: int = 1) -> int:
+    """Rows of `permute_static`'s buffer: T·k token copies, and where each expert's rows are
+    padded to a multiple of `align`, room for the most padding any routing can need
+    (E·(align-1)), rounded up to a multiple of `align`. Shapes only: no routing is read."""
+    copies = num_tokens * top_k
+    if align == 1:
+        return copies
+    return -(-(copies + num_experts * (align - 1)) // align) * align
+
+
+def permute_static(hidden: torch.Tensor, indices: torch.Tensor, num_experts: int,
+                   align: int = 1) -> tuple[torch.Tensor, Permutation]:
+    """`permute` without a host read: the token copies sorted by expert (stable) into a buffer
+    of `static_rows(T, k, E, align)` rows, each expert's block starting at a multiple of
+    `align`. Returns (rows [R, H], the `Permutation` that `unpermute` inverts).
+
+    `permute` sizes its buffer from the routing (`int(m_splits.sum())`), a read that makes the
+    host wait for the GPU and that a CUDA graph cannot capture; this buffer's size depends on the
+    shapes alone. The permutation's `m_splits` are the padded rows per expert with the buffer's
+    unused tail added to the last expert, so `perm.offsets` (the GEMMs' row ends) end at R:
+    every row of the buffer belongs to an expert, the unused ones are zero rows (their outputs
+    and gradients are zero)."""
+    _check_align(align)
+    num_tokens, top_k = indices.shape
+    flat = indices.reshape(-1).long()  # index_add_ takes int64 indices
+    order = torch.argsort(flat, stable=True)
+    # index_add_ of ones counts without reading the indices' range (bincount reads it: a sync)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
+    padded = padded_rows(counts, align)
+    num_rows = static_rows(num_tokens, top_k, num_experts, align)
+    # The unused tail goes to the last expert: a multiple of `align` (both sums are)
+    m_splits = torch.cat([padded[:-1], padded[-1:] + (num_rows - padded.sum())])
+    sorted_experts = flat[order]
+    real_starts = torch.cumsum(counts, 0) - counts
+    padded_starts = torch.cumsum(padded, 0) - padded
+    rank_in_expert = torch.arange(flat.numel(), device=flat.device) - real_starts[sorted_experts]
+    row_index = padded_starts[sorted_experts] + rank_in_expert
+    assignment_rows = torch.empty_like(row_index).scatter_(0, order, row_index)
+    perm = Permutation(order // top_k, row_index, assignment_rows.view(num_tokens, top_k),
+                       counts, m_splits, num_rows, align)
+    return _Dispatch.apply(hidden, perm), perm
 
 
 def _scatter_rows(sorted_values: torch.Tensor, perm: Permutation) -> torch.Tensor:

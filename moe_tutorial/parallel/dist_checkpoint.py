@@ -81,7 +81,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from .. import safe_io
-from ..moe.experts import TE_EXPERT_CLASSES, ExpertMLP, deinterleave_glu, interleave_glu
+from ..moe.experts import StackedExperts, TEExperts, deinterleave_glu, interleave_glu
 from ..moe.model import is_expert_parameter
 from ..train.checkpoint import (
     CheckpointError,
@@ -171,7 +171,7 @@ def _local_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _expert_entries(prefix: str, experts: nn.Module, first_expert: int) -> list[_Entry]:
     """The entries of one layer's experts module (this rank's ep shard, global experts
     `first_expert` …), one per (expert, projection) this rank holds any rows of."""
-    if isinstance(experts, ExpertMLP):
+    if isinstance(experts, StackedExperts):
         entries = []
         for name in ("gate_up_proj", "down_proj"):
             parameter = getattr(experts, name)
@@ -180,7 +180,7 @@ def _expert_entries(prefix: str, experts: nn.Module, first_expert: int) -> list[
                                lambda t, j=j: _local_rows(t)[0][j])
                         for j in range(local.shape[0])]
         return entries
-    if isinstance(experts, tuple(TE_EXPERT_CLASSES.values())):
+    if isinstance(experts, TEExperts):
         fc1, fc2 = experts._linears()  # the gate-up and down GroupedLinear, whatever the backend
         block = getattr(experts, "glu_interleave_size", None)
         entries = []

@@ -4,8 +4,9 @@ A MoE layer's experts hold most of its parameters; one GPU soon cannot hold them
 expert parallelism over `ep` ranks, each rank keeps `E / ep` experts, and every token copy travels
 to the rank that owns its expert and back:
 
-    route locally → sort copies by expert → all-to-all (copies + routing weights) →
-    local experts (any backend: grouped bf16, FP8, te.ops) → all-to-all back → merge the k outputs
+    route locally → sort copies by expert (once) → all-to-all (copies + routing weights) →
+    regroup the arrivals by local expert → local experts (any backend: grouped bf16, FP8,
+    te.ops) → all-to-all back → merge the k outputs
 
 Each rank first tells every other rank how many rows it will send to each of its experts (a small
 all-to-all of counts, `exchange_counts`), so the big exchange knows its split sizes. The steps'
@@ -51,9 +52,17 @@ from torch import nn
 # The differentiable all-to-all (torch.distributed.nn.functional's is deprecated in its favour).
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-from ..moe.experts import ExpertMLP, convert_experts
+from ..moe.experts import convert_experts, create
 from ..moe.model import CausalLMOutput, is_expert_parameter
-from ..moe.routing import permute, sort_by_expert, unpermute
+from ..moe.routing import (
+    Permutation,
+    permute,
+    permute_rows,
+    sort_by_expert,
+    sorted_permutation,
+    unpermute,
+)
+from ..precision import recipes
 
 # NVLink multicast stays off in every process of this course (it can take a shared host's GPUs
 # out of service); set before any process group exists.
@@ -153,11 +162,31 @@ def received_experts(recv_counts: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(experts, recv_counts.flatten())
 
 
+def regroup_by_expert(recv_counts: torch.Tensor, align: int = 1) -> Permutation:
+    """Step 4: the received rows, grouped by source rank, put into local-expert order (each
+    expert's rows from rank 0, then rank 1, ...), each expert's block padded to a multiple of
+    `align`. No sort: the order follows from the exchanged counts alone, `recv_counts`
+    [ep, E/ep]. Every received row is a "token" with one expert (k = 1); `routing.unpermute`
+    with this permutation puts the experts' output rows back in arrival order."""
+    ep, per_rank = recv_counts.shape
+    counts = recv_counts.flatten()
+    run_starts = torch.cumsum(counts, 0) - counts  # where each (source, expert) run arrived
+    by_expert = recv_counts.t().flatten()  # the runs in expert-major order
+    starts = run_starts.view(ep, per_rank).t().flatten()
+    rank_in_run = (torch.arange(int(counts.sum()), device=counts.device)
+                   - torch.repeat_interleave(torch.cumsum(by_expert, 0) - by_expert, by_expert))
+    order = torch.repeat_interleave(starts, by_expert) + rank_in_run
+    tokens_per_expert = recv_counts.sum(0)
+    sorted_experts = torch.repeat_interleave(
+        torch.arange(per_rank, device=counts.device), tokens_per_expert)
+    return sorted_permutation(order, sorted_experts, tokens_per_expert, order.numel(), 1, align)
+
+
 class AllToAllDispatcher(nn.Module):
     """The token dispatcher of expert parallelism: the layer's `num_experts` experts are sharded
     over an `ep` group, and the `experts` module this rank's layer holds is its shard, experts
     [first, first + E/ep) of any backend. Every token copy travels to the rank of the group that
-    holds its expert and its output comes back. Same interface as `model.LocalDispatcher`; its
+    holds its expert and its output comes back. Same interface as `dispatch.LocalDispatcher`; its
     `last_path` reads "EP <ep rank>/<ep> (experts <first>..<last>): <what the shard ran>"."""
 
     def __init__(self, num_experts: int, layout: Layout):
@@ -175,7 +204,7 @@ class AllToAllDispatcher(nn.Module):
         ep, group = self.layout.ep, self.layout.ep_group
         per_rank = self.num_experts // ep
         # 1. sort this rank's token copies by (global) expert, in dispatch_order's order: blocks
-        #    for rank 0, 1, ...
+        #    for rank 0, 1, ...: the layer's one sort
         rows, row_weights, perm = permute(hidden, indices, weights, self.num_experts)
         # 2. counts first: recv_counts[src, e] = rows rank `src` sends to my local expert e;
         #    then the exchange's split sizes, on the host
@@ -184,15 +213,21 @@ class AllToAllDispatcher(nn.Module):
         recv_splits = recv_counts.sum(1).tolist()
         # 3. the token copies and their routing weights travel (differentiably)
         recv_rows = all_to_all_single_autograd(rows, recv_splits, send_splits, group)
-        recv_weights = all_to_all_single_autograd(row_weights, recv_splits, send_splits, group)
-        # 4. local experts: every received row is a "token" routed to one local expert, weighted
-        #    by its routing weight; the backend groups them by expert itself
-        local_expert = received_experts(recv_counts)
-        out = experts(recv_rows, local_expert.unsqueeze(1), recv_weights.unsqueeze(1))
+        recv_weights = all_to_all_single_autograd(row_weights.to(weights.dtype), recv_splits,
+                                                  send_splits, group)
+        # 4. the arrivals regrouped by local expert (from the counts, no sort), padded to what
+        #    the backend needs; each output row weighted by its routing weight here, before it
+        #    travels back, unless the backend applied the weights itself
+        local = regroup_by_expert(recv_counts, experts.rows_alignment(recipes.active_recipe()))
+        applies = experts.applies_routing_weights
+        grouped, grouped_weights = permute_rows(recv_rows, recv_weights if applies else None, local)
+        out = experts(grouped, local.m_splits, grouped_weights)
+        out = unpermute(out, local, None if applies else recv_weights.unsqueeze(1))
         # 5. back along the same routes, then each token sums its k (already weighted) outputs
         back = all_to_all_single_autograd(out, send_splits, recv_splits, group)
         self.last_path = (f"EP {self.layout.ep_rank}/{ep} (experts {self.first_expert}.."
-                          f"{self.first_expert + per_rank - 1}): {experts.last_path}")
+                          f"{self.first_expert + per_rank - 1}): routing.permute → all-to-all → "
+                          f"regroup by expert (align {local.align}) → {experts.last_path}")
         return unpermute(back, perm, None)
 
     @torch.no_grad()
@@ -233,8 +268,8 @@ def shard_experts(model: nn.Module, layout: Layout, **options) -> nn.Module:
     for layer in model.model.layers:
         full = layer.mlp.experts
         gate_up, down = full.hf_weights()
-        local = ExpertMLP(per_rank, full.hidden_size, full.intermediate_size,
-                          dtype=gate_up.dtype, device=gate_up.device)
+        local = create("grouped_torch", per_rank, full.hidden_size, full.intermediate_size,
+                       dtype=gate_up.dtype, device=gate_up.device)
         local.load_hf_weights(gate_up[first:first + per_rank], down[first:first + per_rank])
         if backend != local.backend or options:
             local = convert_experts(local, backend, **options)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..moe import families
 from ..moe.config import MoEConfig
-from ..moe.experts import ExpertMLP
+from ..moe.experts import StackedExperts
 from ..moe.model import MoEForCausalLM
 from ..train.checkpoint import CheckpointError
 from .dist_checkpoint import _local_rows
@@ -195,7 +195,7 @@ def load_hf_shards(model: MoEForCausalLM, hf_dir_or_files, layout: Layout | None
     or a list of its safetensors files; its config.json is checked against the model's), each
     rank reading only its own rows. `layout`: the one the model was sharded with (None: one
     process, the whole model). Works on a materialised sharded model (`build_sharded`) and on a
-    whole one alike; the experts must be the stacked `ExpertMLP` (the grouped_torch or naive
+    whole one alike; the experts must be the stacked `experts.StackedExperts` (the grouped_torch or naive
     backend: convert afterwards, before sharding). Every tensor the model holds is read;
     `CheckpointError` names a missing tensor or a shape that differs."""
     folder, files = _files(hf_dir_or_files)
@@ -219,8 +219,8 @@ def _load_experts(experts: nn.Module, checkpoint: _Checkpoint, prefix: str, firs
                   config: MoEConfig) -> None:
     """One layer's expert shard: the experts of its FSDP2 chunk (all of them unsharded) of the
     block that starts at global expert `first_expert`."""
-    if not isinstance(experts, ExpertMLP):
-        raise ValueError(f"load_hf_shards loads stacked experts (ExpertMLP); {prefix} is a "
+    if not isinstance(experts, StackedExperts):
+        raise ValueError(f"load_hf_shards loads stacked experts (StackedExperts); {prefix} is a "
                          f"{type(experts).__name__}: load into the grouped_torch backend and "
                          f"convert before sharding")
     gate_up, first = _local_rows(experts.gate_up_proj)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ..moe import experts
+from ..moe import dispatch, experts
 from ..precision.quant import rel_error
 from . import results, widgets
 
@@ -21,7 +21,7 @@ def forward_backward(module, hidden, indices, weights, grad_out, *, recipe=None)
     """The output and every gradient of one forward and backward pass of an experts module
     (under `te.autocast(recipe=recipe)` where a recipe is given): the output, the gradients of
     the hidden states and the routing weights, the weight gradients in HF layout, and
-    `last_path`, what the module ran."""
+    what ran (the permutation, then the experts)."""
     for p in module.parameters():
         p.grad = None
     x = hidden.clone().requires_grad_()
@@ -33,29 +33,28 @@ def forward_backward(module, hidden, indices, weights, grad_out, *, recipe=None)
     else:
         context = contextlib.nullcontext()
     with context:
-        out = module(x, indices, w)
+        out, path = dispatch.run_experts(module, x, indices, w)
     out.backward(grad_out)
     d_gate_up, d_down = module.hf_gradients()
     return dict(out=out.detach(), d_hidden=x.grad, d_weights=w.grad, d_gate_up=d_gate_up.clone(),
-                d_down=d_down.clone(), path=module.last_path)
+                d_down=d_down.clone(), path=path)
 
 
-def backend_module(reference: experts.ExpertMLP, backend: str, **options):
+def backend_module(reference: experts.StackedExperts, backend: str, **options):
     """An experts module running `backend` with `reference`'s weights, leaving `reference` as
     it is (the torch backends share parameters, so grouped_torch gets a copy of its own)."""
     if backend == "naive":
         return reference
-    if backend in experts.TORCH_BACKENDS:
-        module = experts.ExpertMLP(reference.num_experts, reference.hidden_size,
-                                   reference.intermediate_size, backend,
-                                   dtype=reference.gate_up_proj.dtype,
-                                   device=reference.gate_up_proj.device)
+    if backend in experts.STACKED_BACKENDS:
+        module = experts.create(backend, reference.num_experts, reference.hidden_size,
+                                reference.intermediate_size, dtype=reference.gate_up_proj.dtype,
+                                device=reference.gate_up_proj.device)
         module.load_hf_weights(*reference.hf_weights())
         return module
     return experts.convert_experts(reference, backend, **options)
 
 
-def check_backends(reference: experts.ExpertMLP, cases: dict[str, tuple[str, dict]], hidden,
+def check_backends(reference: experts.StackedExperts, cases: dict[str, tuple[str, dict]], hidden,
                    indices, weights, grad_out) -> dict[str, dict]:
     """`forward_backward` of each case {name: (backend, options)}, all on `reference`'s
     weights."""
@@ -72,7 +71,7 @@ def errors_against(checked: dict[str, dict], base: str = "naive") -> dict[str, d
 
 def agreement_table(checked: dict[str, dict], errors: dict[str, dict[str, float]], *,
                     title: str) -> widgets.Table:
-    return widgets.Table(["backend", *QUANTITY_HEADERS, "what ran (last_path)"],
+    return widgets.Table(["backend", *QUANTITY_HEADERS, "what ran"],
                          [[name, *[f"{errors[name][q]:.1e}" for q in QUANTITIES],
                            checked[name]["path"]] for name in checked], title=title)
 

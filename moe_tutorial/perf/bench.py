@@ -15,13 +15,8 @@ import torch
 
 from ..moe.batch import next_token_targets
 from ..moe.config import preset
-from ..moe.experts import (
-    SELF_QUANTIZING_BACKENDS,
-    ExpertMLP,
-    convert_experts,
-    cutlass_grouped_gemm,
-    default_backend,
-)
+from ..moe.dispatch import run_experts
+from ..moe.experts import SELF_QUANTIZING_BACKENDS, convert_experts, create, default_backend
 from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
 from ..moe.model import MoEForCausalLM
 from ..moe.routing import route
@@ -128,32 +123,30 @@ def _autocast(recipe):
 # ---------------------------------------------------------------------------------------------
 # The expert layer: forward + backward of the routed expert MLP, permutation included
 
-def expert_variants(caps) -> list[tuple[str, str]]:
-    """(backend, precision) pairs this machine can run: the loop, the grouped bf16 paths, and
-    each TE backend under each FP8 recipe TE runs here."""
+def expert_variants(caps) -> list[tuple]:
+    """(backend, precision) pairs this machine can run, or (backend, precision, options) where
+    the backend is built with options: the loop, the grouped bf16 paths, each TE backend with
+    TE's CUTLASS grouped GEMM (`cutlass=True`, Hopper only), and each TE backend under each FP8
+    recipe TE runs here."""
     variants = [("naive", "bf16"), ("grouped_torch", "bf16"), ("te_permute_grouped_mm", "bf16"),
                 ("te_grouped_linear", "bf16"), ("te_ops", "bf16")]
     # (TE backends run their PyTorch counterparts without TE)
     if caps.has_te and caps.device == "cuda":
         if (caps.env.compute_capability or (0, 0))[0] == 9:  # TE's CUTLASS switch: Hopper only
-            variants += [(f"te_grouped_linear{CUTLASS}", "bf16"), (f"te_ops{CUTLASS}", "bf16")]
+            variants += [("te_grouped_linear", "bf16", {"cutlass": True}),
+                         ("te_ops", "bf16", {"cutlass": True})]
         for recipe in supported_recipes(caps):
             variants += [("te_grouped_linear", recipe), ("te_ops", recipe)]
     return variants
-
-
-# A backend name ending in this runs inside `experts.cutlass_grouped_gemm()` (forward and backward).
-CUTLASS = "+cutlass"
 
 
 def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device="cuda",
                        variants: list[tuple[str, str]] | None = None, warmup: int = 3,
                        iters: int = 20, on_result: Callable[[dict], None] | None = None) -> list[dict]:
     """Time every variant on one shape/routing; the naive loop (bf16) is the reference each
-    variant's output is checked against before it is timed. A backend named `<backend>+cutlass`
-    runs `<backend>` with TE's CUTLASS grouped GEMM (`experts.cutlass_grouped_gemm`)."""
-    import contextlib
-
+    variant's output is checked against before it is timed. A variant (backend, precision,
+    options) builds its backend with `options` (e.g. `{"cutlass": True}`), which its row
+    records."""
     caps = hardware.capabilities()
     variants = variants or expert_variants(caps)
     # The row of the backend the course picks for this shape in bf16 (`experts.default_backend`)
@@ -161,8 +154,8 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
                               te_on_gpu=caps.has_te and torch.device(device).type == "cuda")
     dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
     torch.manual_seed(0)
-    base = ExpertMLP(shape.experts, shape.hidden, shape.intermediate, "naive", dtype=dtype,
-                     device=device)
+    base = create("naive", shape.experts, shape.hidden, shape.intermediate, dtype=dtype,
+                  device=device)
     torch.nn.init.normal_(base.gate_up_proj, std=0.02)
     torch.nn.init.normal_(base.down_proj, std=0.02)
     weights, indices = (t.to(device) for t in make_routing(shape, routing))
@@ -170,34 +163,35 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
     grad_out = torch.randn_like(hidden)
     reference = loop_ms = None
     results = []
-    for backend, precision in variants:
+    for backend, precision, *more in variants:
+        options = more[0] if more else {}
         label = "fp32" if precision == "bf16" and dtype == torch.float32 else precision
         row = dict(part="expert", shape=shape.name, routing=routing, backend=backend,
-                   precision=label, tokens=shape.tokens, flops=shape.flops(),
-                   default=backend == default and precision == "bf16")
+                   precision=label, tokens=shape.tokens, flops=shape.flops(), **options,
+                   default=backend == default and precision == "bf16" and not options)
         experts = None
         try:
             for p in base.parameters():  # the loop's gradients: freed before a converted copy runs
                 p.grad = None
             reset_memory(device)
-            module_backend = backend.removesuffix(CUTLASS)
-            gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
-            experts = (convert_experts(base, module_backend) if backend != "naive" else base)
+            experts = convert_experts(base, backend, **options) if backend != "naive" else base
             recipe = None  # bf16, or a backend that quantizes by itself
-            if module_backend not in SELF_QUANTIZING_BACKENDS:
+            if backend not in SELF_QUANTIZING_BACKENDS:
                 # the TE experts read the recipe, and its alignment, from autocast
                 recipe = recipes.resolve(precision, caps).build()
             x = hidden.detach().clone().requires_grad_()
             w = weights.detach().clone().requires_grad_()
 
+            path = None
+
             def step():
+                nonlocal path
                 for p in experts.parameters():
                     p.grad = None
                 x.grad = w.grad = None
-                with gemm():
-                    with _autocast(recipe):
-                        out = experts(x, indices, w)
-                    out.backward(grad_out)
+                with _autocast(recipe):
+                    out, path = run_experts(experts, x, indices, w)
+                out.backward(grad_out)
                 return out
 
             out = step().detach()
@@ -205,8 +199,7 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
                 reference = out  # the first variant is the loop
             row["rel_error"] = rel_error(out, reference)
             row["tolerance"] = TOLERANCE[precision_kind(precision)]
-            row["path"] = experts.last_path + (" [NVTE_USE_CUTLASS_GROUPED_GEMM=1]"
-                                               if gemm is cutlass_grouped_gemm else "")
+            row["path"] = path
             if row["rel_error"] > row["tolerance"]:
                 row["status"] = "wrong"  # not timed: a fast wrong answer is not a result
             else:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from moe_tutorial.moe import config, experts, routing
-from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.perf import bench, results, timing, widgets
-from moe_tutorial.precision.quant import rel_error
+from ..moe import config, dispatch, experts, routing
+from ..moe.model import MoEForCausalLM
+from ..precision.quant import rel_error
+from . import bench, results, timing, widgets
 
 
 def one_layer(num_experts: int, *, hidden: int, intermediate: int, top_k: int, dtype: str,
@@ -63,11 +63,11 @@ class Agreement:
 
 def _run(module, x, indices, weights, grad_out) -> dict:
     xi, wi = x.clone().requires_grad_(), weights.clone().requires_grad_()
-    out = module(xi, indices, wi)
+    out, path = dispatch.run_experts(module, xi, indices, wi)
     out.backward(grad_out)
     params = {n: p.grad.clone() for n, p in module.named_parameters() if n in ("gate_up_proj", "down_proj")}
     module.zero_grad(set_to_none=True)
-    return dict(out=out.detach(), dx=xi.grad, dw=wi.grad, params=params, path=module.last_path)
+    return dict(out=out.detach(), dx=xi.grad, dw=wi.grad, params=params, path=path)
 
 
 def compare_backends(model: MoEForCausalLM, backends: list[str], *, tokens: int, seed: int = 0) -> Agreement:
@@ -119,11 +119,11 @@ def time_backends(backends: list[str], num_experts: int, tokens: int, *, hidden:
     for name in backends:
         if on_gpu and (module := layer_experts(name)) is not None:
             torch.cuda.reset_peak_memory_stats()
-            module(x, indices, weights).backward(grad)
+            dispatch.run_experts(module, x, indices, weights)[0].backward(grad)
             memory[name] = timing.peak_memory_gb(device)
             del module
     modules = {name: m for name in backends if (m := layer_experts(name)) is not None}
-    timings = timing.time_fns({name: (lambda m=m: m(x, indices, weights).backward(grad))
+    timings = timing.time_fns({name: (lambda m=m: dispatch.run_experts(m, x, indices, weights)[0].backward(grad))
                                for name, m in modules.items()}, warmup=warmup, iters=iters, device=device)
     flops = timing.expert_mlp_flops(tokens, top_k, hidden, intermediate)
     out = {name: dict(ms=t.median_ms, tflops=timing.tflops(flops, t.median_ms), path=modules[name].last_path,

@@ -228,7 +228,7 @@ def _expert_mlp(config: MoEConfig, tokens: int, copies: int, experts: int, rows:
     """The experts of one layer on `rows` permuted rows (`tokens` × `copies` routed copies,
     padded), `experts` of them local.
 
-    grouped_torch (`experts.grouped_torch_experts`): the first grouped GEMM saves the permuted
+    grouped_torch (`experts.GroupedTorchExperts`): the first grouped GEMM saves the permuted
     rows, SwiGLU (`silu(gate) * up`) the gate-up output and silu(gate), the second GEMM the
     SwiGLU output, and `routing.unpermute` the expert outputs (to differentiate the routing
     weights), each copy's buffer row and the fp32 routing weights.
@@ -249,7 +249,7 @@ def _expert_mlp(config: MoEConfig, tokens: int, copies: int, experts: int, rows:
     if backend == "grouped_torch":
         parts.update({"silu(gate)": rows * i * itemsize,
                       "expert outputs (for the weights' gradient)": rows * h * itemsize,
-                      "group row ends (int32, both GEMMs)": 2 * experts * INT32,
+                      "group row ends (int32, shared by both GEMMs)": experts * INT32,
                       "buffer row of each copy (int64)": tokens * copies * INT64,
                       "routing weights (fp32)": tokens * copies * FP32})
         return parts
@@ -266,7 +266,7 @@ def _expert_mlp(config: MoEConfig, tokens: int, copies: int, experts: int, rows:
 
 def _experts(config: MoEConfig, tokens: int, ep: int, itemsize: int, backend: str,
              recipe: str | None, fp8: float | None, expert_load: float) -> dict:
-    """The experts of one layer, with their dispatcher. ep = 1 (`model.LocalDispatcher`): the
+    """The experts of one layer, with their dispatcher. ep = 1 (`dispatch.LocalDispatcher`): the
     T×k copies go straight to the experts. ep > 1 (`distributed.AllToAllDispatcher`): the rows
     this rank receives (T×k × `expert_load`, 1 when routing is balanced) enter the local experts
     as tokens with one copy each; around them the dispatcher saves the gather index of the

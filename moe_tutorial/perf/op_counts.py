@@ -15,8 +15,8 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from moe_tutorial.moe import experts, routing
-from moe_tutorial.perf import widgets
+from ..moe import dispatch, experts, routing
+from . import widgets
 
 EXPERTS_LABEL = "experts forward"
 STEP_LABEL = "train step"
@@ -130,12 +130,12 @@ def aten_ops_per_layer(backend: str, num_experts: int, *, hidden: int, intermedi
     """Top-level ATen ops of one MoE layer's experts, forward and backward, with `backend`
     (after one warm-up pass), for `tokens` tokens routed at random."""
     torch.manual_seed(seed)
-    layer = experts.ExpertMLP(num_experts, hidden, intermediate, backend=backend, device=device)
+    layer = experts.create(backend, num_experts, hidden, intermediate, device=device)
     torch.nn.init.normal_(layer.gate_up_proj, std=0.02)
     torch.nn.init.normal_(layer.down_proj, std=0.02)
     x = torch.randn(tokens, hidden, device=device, requires_grad=True)
     weights, indices = routing.route(torch.randn(tokens, num_experts, device=device), top_k)
-    layer(x, indices, weights).sum().backward()  # warm-up
+    dispatch.run_experts(layer, x, indices, weights)[0].sum().backward()  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        layer(x, indices, weights).sum().backward()
+        dispatch.run_experts(layer, x, indices, weights)[0].sum().backward()
     return len(top_level_ops(prof.events()))

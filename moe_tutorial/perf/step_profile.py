@@ -50,6 +50,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..moe.config import PRESETS, preset
+from ..moe.experts import Experts, backend_label
 from ..precision import hardware
 from ..train.data import check_count
 from . import widgets
@@ -605,7 +606,8 @@ def chapter_breakdowns(cfg, *, upto: str, device, batch: int = 4, seq_len: int =
         breakdown = profile_train_step(model, optimizer, data, device=dev, steps=steps,
                                        warmup=warmup, forward=forward)
         # TE's experts without TE run their pure-PyTorch counterparts: the bar says so
-        counterpart = getattr(model.model.layers[0].mlp.experts, "uses_te", True) is False
+        experts = model.model.layers[0].mlp.experts
+        counterpart = isinstance(experts, Experts) and backend_label(experts) != experts.backend
         bars.breakdowns[variant.name + (" (PyTorch counterpart)" if counterpart else "")] = breakdown
         del model, optimizer
     return bars

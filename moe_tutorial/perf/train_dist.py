@@ -44,7 +44,7 @@ from .. import safe_io
 from ..moe import routing
 from ..moe.batch import next_token_targets
 from ..moe.config import DTYPES, MoEConfig, preset
-from ..moe.experts import TE_BACKENDS, TORCH_BACKENDS
+from ..moe.experts import STACKED_BACKENDS, TE_BACKENDS
 from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..parallel import dist_checkpoint, distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
@@ -151,9 +151,9 @@ def from_hf_checkpoint(args, config, layout, device, compute: torch.dtype,
     directory), no rank ever holding it whole: built on the meta device (no storage), its
     experts sharded over ep and everything under FSDP2, then each rank allocates only its own
     shards and reads only their rows from the safetensors files (`sharded_init`)."""
-    if args.engine != "fsdp2" or args.backend not in TORCH_BACKENDS:
+    if args.engine != "fsdp2" or args.backend not in STACKED_BACKENDS:
         raise ValueError(f"--hf-checkpoint loads into FSDP2 shards of stacked experts: use "
-                         f"--engine fsdp2 and --backend {' or '.join(TORCH_BACKENDS)}, not "
+                         f"--engine fsdp2 and --backend {' or '.join(STACKED_BACKENDS)}, not "
                          f"--engine {args.engine} --backend {args.backend}")
     model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device="meta")
     model.set_expert_backend(args.backend)

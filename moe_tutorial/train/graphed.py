@@ -1,6 +1,6 @@
 """The whole training step in one CUDA graph: forward, backward, gradient clipping and a
 capturable AdamW, captured once and replayed (`GraphedTrainStep`). It needs a step with no host
-read (the `sync_free` experts, `moe.sync_free`) and static shapes."""
+read (the `sync_free` experts, `moe.experts.sync_free`) and static shapes."""
 
 from __future__ import annotations
 

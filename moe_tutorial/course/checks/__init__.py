@@ -10,7 +10,7 @@ Every `check_<name>(learner_fn)`:
   cases where MoE code breaks - ties in top-k, an expert that receives no tokens, sizes that are
   not multiples of 32, bf16 inputs, all-zero MXFP8 blocks;
 * compares the learner's results with the package (`routing.route`, `routing.permute`,
-  `experts.naive_experts`, `quant.mxfp8_quantize(rule="te")`, `recipes.recipe_for`,
+  `experts.NaiveExperts`, `quant.mxfp8_quantize(rule="te")`, `recipes.recipe_for`,
   `distributed.exchange_counts`, ...), never with a copy of the solution;
 * checks the contract the later cells rely on, not only the values: dtypes (int64 expert ids,
   float32 routing weights), shapes, Python types (an int64 tensor of split sizes), contiguity

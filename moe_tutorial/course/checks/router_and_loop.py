@@ -7,6 +7,7 @@ import math
 import torch
 
 from ...moe import experts, routing
+from ...moe.dispatch import run_experts
 from .harness import (
     Case,
     Failure,
@@ -28,12 +29,12 @@ from .harness import (
 # The package's implementation with the exercise's signature (`checks.reference`)
 
 def reference_expert_loop(hidden, indices, weights, gate_up_proj, down_proj):
-    """experts.naive_experts, HF's eager loop"""
+    """experts.NaiveExperts behind the dispatcher, HF's eager loop"""
     num_experts, two_i, hidden_size = gate_up_proj.shape
-    module = experts.ExpertMLP(num_experts, hidden_size, two_i // 2, "naive",
-                               dtype=gate_up_proj.dtype, device=gate_up_proj.device)
+    module = experts.NaiveExperts(num_experts, hidden_size, two_i // 2,
+                                  dtype=gate_up_proj.dtype, device=gate_up_proj.device)
     module.load_hf_weights(gate_up_proj, down_proj)
-    return experts.naive_experts(module, hidden, indices, weights)
+    return run_experts(module, hidden, indices, weights)[0]
 
 
 def _route_cases() -> list[Case]:
@@ -259,6 +260,6 @@ def _verify_loop(case: Case, call) -> None:
 
 def check_expert_loop(learner_fn) -> bool:
     """`expert_loop(hidden, indices, weights, gate_up_proj, down_proj) -> [T, H]` against
-    `experts.naive_experts` (HF transformers' eager experts loop)."""
+    `experts.NaiveExperts` (HF transformers' eager experts loop)."""
     return run_check("check_expert_loop", learner_fn, _loop_cases(), _verify_loop,
-                     against="experts.naive_experts")
+                     against="experts.NaiveExperts")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ...moe import experts, routing
+from ...moe import dispatch, experts, routing
 from ...precision import hardware
 from .harness import (
     Case,
@@ -32,10 +32,11 @@ def reference_build_grouped_mlp(ops, num_experts, hidden_size, intermediate_size
 
 
 def reference_te_ops_expert_layer(mlp, hidden, indices, weights, num_experts, align):
-    """experts.dispatch → the op chain → combine, as experts.TEOpsExperts runs it"""
+    """the dispatcher's permutation → the op chain → merge, as the te_ops backend runs"""
     te = hardware.transformer_engine() if hidden.is_cuda else None
-    d = experts.dispatch(hidden, indices, weights, num_experts, align, te)
-    return d.combine(mlp(d.rows, d.m_splits, d.row_weights, d.m_splits), False)
+    d = (dispatch.te_dispatch(hidden, indices, weights, num_experts, align, te) if te is not None
+         else dispatch.sort_dispatch(hidden, indices, weights, num_experts, align))
+    return d.combine(mlp(d.rows, d.rows_per_expert, d.row_weights, d.rows_per_expert), False)
 
 
 _MLP_KINDS = ["GroupedLinear", "ScaledSwiGLU", "GroupedLinear"]
@@ -200,11 +201,12 @@ def _verify_layer(case: Case, call) -> None:
     if out.dtype != hidden.dtype:
         raise Failure(f"your output is {out.dtype} but the hidden states are {hidden.dtype}: "
                       "return hidden's dtype (routing.unpermute casts back)")
-    ref = module(hidden, indices, weights)
+    ref = dispatch.run_experts(module, hidden, indices, weights)[0]
     tol = tolerance(hidden.dtype)
     if is_close(out, ref.detach(), tol):
         return
-    if is_close(out, module(hidden, indices, weights * weights).detach(), tol):
+    if is_close(out, dispatch.run_experts(module, hidden, indices, weights * weights)[0].detach(),
+                tol):
         raise Failure("your output weights every expert's output twice (w²): ScaledSwiGLU already "
                       "multiplied by the routing weights, so unpermute with weights=None")
     raise Failure(f"your output differs from experts.TEOpsExperts' by "

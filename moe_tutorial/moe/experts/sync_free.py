@@ -1,36 +1,24 @@
-"""A training step the host never waits for: routing, permutation and expert GEMMs whose shapes
-do not depend on the routing, so the whole step (forward, backward, clipping, AdamW) can be
-captured once in a CUDA graph and replayed.
+"""Backends `sync_free`, `sync_free_fp8`, `sync_free_fp8_wgrad`: expert GEMMs the host never
+waits for, so that a whole training step (forward, backward, clipping, AdamW) can be captured
+once in a CUDA graph and replayed (`train.graphed.GraphedTrainStep`).
 
-Where the other expert paths wait for the GPU
----------------------------------------------
-`routing.permute` sizes its row buffer from the routing (`int(m_splits.sum())`), and TE's
-`GroupedLinear` splits its input with a Python list of row counts (`split_sizes.tolist()`). Each
-such read makes the host wait until the GPU has computed the counts; the kernels queued after it
-start only once the host has launched them, so every wait shows as idle GPU time, and a step
-with such a read cannot be captured in a CUDA graph (capture refuses a host read).
+Where the other expert paths wait for the GPU: `routing.permute` sizes its row buffer from the
+routing (`int(m_splits.sum())`), and TE's `GroupedLinear` splits its input with a Python list
+of row counts (`split_sizes.tolist()`). Each such read makes the host wait until the GPU has
+computed the counts; the kernels queued after it start only once the host has launched them,
+so every wait shows as idle GPU time, and a step with such a read cannot be captured in a CUDA
+graph (capture refuses a host read).
 
-What this module does instead
------------------------------
-* `permute_static`: the token copies sorted by expert into a buffer whose row count is fixed by
-  the shapes alone, `static_rows(T, k, E, align)`: T·k rows, plus room for every expert's
-  alignment padding (E·(align-1), rounded up) where the GEMMs need each expert's rows to be a
-  multiple of `align`. The per-expert counts and row offsets stay on the device (`index_add_`
-  counts, cumulative sums); the rows no token uses are zero and belong to the last expert, so the
-  GEMMs read them as zero rows, and their outputs and gradients are zero.
-* Expert GEMMs that take the offsets as a device tensor: `torch._grouped_mm` (bf16), and for FP8
-  on Hopper `torch._scaled_grouped_mm` with row-wise scales (`ScaledGroupedLinear`): the
-  forward GEMM and the input-gradient GEMM in FP8 (E4M3); the weight-gradient GEMM, whose
-  contraction runs over each expert's rows, in bf16 (`torch._grouped_mm`), or with
-  `fp8_weight_gradient` in FP8 with a scale per expert and column
-  (`quantize_columns_per_expert`). Without the FP8 kernel (a CPU, a GPU before Hopper, the meta
-  device) the same quantized operands are multiplied after dequantizing them, and `last_path`
-  says so.
-
-The whole step in one CUDA graph is `train.graphed.GraphedTrainStep`; the detectors that prove
-no host read is left are in `perf.host_syncs`. The three backends (`sync_free`,
-`sync_free_fp8`, `sync_free_fp8_wgrad`) register themselves in `experts.BACKENDS` when this
-module is imported (`moe/__init__.py` imports it).
+These backends ask the dispatcher for `routing.permute_static` (`permutation = "static"`: a
+buffer sized by the shapes alone, the unused rows zero and the last expert's) and run GEMMs that
+take the row offsets as a device tensor: `torch._grouped_mm` (bf16), and for FP8 on Hopper
+`torch._scaled_grouped_mm` with row-wise scales (`ScaledGroupedLinear`): the forward GEMM and
+the input-gradient GEMM in FP8 (E4M3); the weight-gradient GEMM, whose contraction runs over
+each expert's rows, in bf16 (`torch._grouped_mm`), or with `fp8_weight_gradient` in FP8 with a
+scale per expert and column (`quantize_columns_per_expert`). Without the FP8 kernel (a CPU, a
+GPU before Hopper, the meta device) the same quantized operands are multiplied after
+dequantizing them, and `last_path` says so. The detectors that prove no host read is left are
+in `perf.host_syncs`.
 """
 
 from __future__ import annotations
@@ -39,9 +27,8 @@ import functools
 
 import torch
 
-from . import experts
-from .experts import _grouped_mm_unusable, swiglu
-from .routing import Permutation, _Dispatch, padded_rows, unpermute
+from .base import StackedExperts, swiglu
+from .grouped_torch import grouped_mm_unusable
 
 # Rows per expert for the FP8 GEMMs: 16 rows of E4M3 are 16 bytes, so in the weight-gradient
 # GEMM, whose operands are transposed and contract over the rows, every expert's slice starts
@@ -54,57 +41,11 @@ FP8_MAX = torch.finfo(FP8_DTYPE).max  # 448
 AMAX_FLOOR = 1e-12
 
 
-def static_rows(num_tokens: int, top_k: int, num_experts: int, align: int = 1) -> int:
-    """Rows of `permute_static`'s buffer: T·k token copies, and where each expert's rows are
-    padded to a multiple of `align`, room for the most padding any routing can need
-    (E·(align-1)), rounded up to a multiple of `align`. Shapes only: no routing is read."""
-    copies = num_tokens * top_k
-    if align == 1:
-        return copies
-    return -(-(copies + num_experts * (align - 1)) // align) * align
-
-
-def permute_static(hidden: torch.Tensor, indices: torch.Tensor, num_experts: int,
-                   align: int = 1) -> tuple[torch.Tensor, Permutation]:
-    """`routing.permute` without a host read: the token copies sorted by expert (stable) into a
-    buffer of `static_rows(T, k, E, align)` rows, each expert's block starting at a multiple of
-    `align`. Returns (rows [R, H], the `Permutation` that `routing.unpermute` inverts).
-
-    The permutation's `m_splits` are the padded rows per expert with the buffer's unused tail
-    added to the last expert, so `perm.offsets` (the GEMMs' row ends) end at R: every row of the
-    buffer belongs to an expert, the unused ones are zero rows."""
-    if not isinstance(align, int) or isinstance(align, bool) or align < 1:
-        raise ValueError(f"align={align!r} must be a positive whole number of rows "
-                         f"(1 = no padding)")
-    num_tokens, top_k = indices.shape
-    flat = indices.reshape(-1).long()  # index_add_ takes int64 indices
-    order = torch.argsort(flat, stable=True)
-    # index_add_ of ones counts without reading the indices' range (bincount reads it: a sync)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.index_add_(0, flat, torch.ones_like(flat))
-    padded = padded_rows(counts, align)
-    num_rows = static_rows(num_tokens, top_k, num_experts, align)
-    # The unused tail goes to the last expert: a multiple of `align` (both sums are)
-    m_splits = torch.cat([padded[:-1], padded[-1:] + (num_rows - padded.sum())])
-    sorted_experts = flat[order]
-    real_starts = torch.cumsum(counts, 0) - counts
-    padded_starts = torch.cumsum(padded, 0) - padded
-    rank_in_expert = torch.arange(flat.numel(), device=flat.device) - real_starts[sorted_experts]
-    row_index = padded_starts[sorted_experts] + rank_in_expert
-    assignment_rows = torch.empty_like(row_index).scatter_(0, order, row_index)
-    perm = Permutation(order // top_k, row_index, assignment_rows.view(num_tokens, top_k),
-                       counts, m_splits, num_rows, align)
-    return _Dispatch.apply(hidden, perm), perm
-
-
-# ---------------------------------------------------------------------------------------------
-# Expert GEMMs with the offsets on the device
-
 def grouped_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Rows `[offsets[e-1], offsets[e])` of x [R, K] times w[e]^T ([E, N, K] weights) for every
     expert, through `torch._grouped_mm` (differentiable; its backward takes the same offsets).
     Refuses, in one line, tensors the op cannot take rather than reading the offsets to loop."""
-    reason = _grouped_mm_unusable(x, w)
+    reason = grouped_mm_unusable(x, w)
     if reason is not None:
         raise ValueError(f"the sync-free experts need torch._grouped_mm, which cannot run here: "
                          f"{reason}")
@@ -222,7 +163,7 @@ def scaled_grouped_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tenso
                           fp8_weight_gradient: bool = False) -> torch.Tensor:
     """`grouped_linear` in FP8 (`ScaledGroupedLinear`); every expert's row count must be a
     multiple of `FP8_ROW_ALIGNMENT` (`permute_static(..., align=FP8_ROW_ALIGNMENT)` builds them)."""
-    reason = _grouped_mm_unusable(x, w)
+    reason = grouped_mm_unusable(x, w)
     if reason is not None:
         raise ValueError(f"the sync-free FP8 experts need torch._grouped_mm for the weight "
                          f"gradient, which cannot run here: {reason}")
@@ -230,36 +171,40 @@ def scaled_grouped_linear(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tenso
     return ScaledGroupedLinear.apply(x, w, offsets, quantize, fp8_weight_gradient)
 
 
-def sync_free_experts(experts, hidden: torch.Tensor, indices: torch.Tensor,
-                      weights: torch.Tensor, *, fp8: bool = False,
-                      fp8_weight_gradient: bool = False) -> torch.Tensor:
-    """The experts of `ExpertMLP` with no host read: `permute_static`, two grouped GEMMs with
-    device offsets (`fp8`: `scaled_grouped_linear`, its weight gradient in FP8 too with
-    `fp8_weight_gradient`), SwiGLU between them, `routing.unpermute` applying the routing
-    weights."""
-    align = FP8_ROW_ALIGNMENT if fp8 else 1
-    rows, perm = permute_static(hidden, indices, experts.num_experts, align)
-    offsets = perm.offsets
-    if fp8:
-        def gemm(x, w, offs):
-            return scaled_grouped_linear(x, w, offs, fp8_weight_gradient)
-    else:
-        gemm = grouped_linear
-    h = gemm(rows, experts.gate_up_proj, offsets)
-    y = gemm(swiglu(h), experts.down_proj, offsets)
-    path = scaled_gemm_path(hidden.device) if fp8 else "torch._grouped_mm"
-    wgrad = (" (weight gradient FP8)" if fp8_weight_gradient else " (weight gradient bf16)"
-             if fp8 else "")
-    experts.last_path = (f"permute_static ({perm.num_rows} rows, align {align}) → {path} → "
-                         f"SwiGLU → {path}{wgrad}")
-    return unpermute(y, perm, weights)
+class SyncFreeExperts(StackedExperts):
+    """The stacked experts with no host read: two grouped GEMMs with device offsets (`fp8`:
+    `scaled_grouped_linear`, its weight gradient in FP8 too with `fp8_weight_gradient`), SwiGLU
+    between them. Registered three times: `sync_free` (bf16), `sync_free_fp8` and
+    `sync_free_fp8_wgrad`; the FP8 ones quantize their own GEMMs in a bf16 model (no TE
+    autocast around them: `registry.SELF_QUANTIZING_BACKENDS`)."""
 
+    permutation = "static"
 
-def _backend(**options):
-    def run(experts_module, hidden, indices, weights):
-        return sync_free_experts(experts_module, hidden, indices, weights, **options)
-    return run
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *,
+                 dtype=None, device=None, fp8: bool = False, fp8_weight_gradient: bool = False):
+        super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device)
+        if fp8_weight_gradient and not fp8:
+            raise ValueError("fp8_weight_gradient=True needs fp8=True (the FP8 forward GEMMs)")
+        self.fp8, self.fp8_weight_gradient = fp8, fp8_weight_gradient
+        self.backend = ("sync_free_fp8_wgrad" if fp8_weight_gradient else
+                        "sync_free_fp8" if fp8 else "sync_free")
 
+    def rows_alignment(self, recipe) -> int:
+        return FP8_ROW_ALIGNMENT if self.fp8 else 1
 
-experts.BACKENDS.update(sync_free=_backend(), sync_free_fp8=_backend(fp8=True),
-                        sync_free_fp8_wgrad=_backend(fp8=True, fp8_weight_gradient=True))
+    def forward(self, rows: torch.Tensor, rows_per_expert: torch.Tensor,
+                row_weights: torch.Tensor | None = None) -> torch.Tensor:
+        self.check_rows(rows, rows_per_expert)
+        offsets = torch.cumsum(rows_per_expert, 0).to(torch.int32)
+        if self.fp8:
+            def gemm(x, w, offs):
+                return scaled_grouped_linear(x, w, offs, self.fp8_weight_gradient)
+        else:
+            gemm = grouped_linear
+        h = gemm(rows, self.gate_up_proj, offsets)
+        y = gemm(swiglu(h), self.down_proj, offsets)
+        path = scaled_gemm_path(rows.device) if self.fp8 else "torch._grouped_mm"
+        wgrad = (" (weight gradient FP8)" if self.fp8_weight_gradient else
+                 " (weight gradient bf16)" if self.fp8 else "")
+        self.last_path = f"{path} → SwiGLU → {path}{wgrad}"
+        return y

@@ -111,6 +111,22 @@ def test_exercise_notebook_strips_what_running_leaves_and_keeps_the_rest():
         course.exercise_notebook(_notebook(markdown, ran), "solutions/07_y.ipynb")
 
 
+def test_model_answers_and_authors_notes_stay_in_the_solution():
+    question = {"cell_type": "markdown", "id": "q", "metadata": {}, "source": ["Why?"]}
+    answer = {"cell_type": "markdown", "id": "a", "metadata": {"tags": ["answer"]},
+              "source": ["Because the loop launches per expert."]}
+    note = {"cell_type": "markdown", "id": "n", "metadata": {"tags": ["solution-only"]},
+            "source": ["Edit solutions/, then build."]}
+    exercise = course.exercise_notebook(_notebook(note, question, answer, _code(REGION)))
+    assert [c["id"] for c in exercise["cells"]] == ["q", "a", exercise["cells"][2]["id"]]
+    assert "".join(exercise["cells"][1]["source"]) == course.ANSWER_STUB
+    assert "Because" not in json.dumps(exercise) and "Edit solutions" not in json.dumps(exercise)
+    coded = {"cell_type": "code", "id": "c", "metadata": {"tags": ["answer"]}, "source": ["1"],
+             "outputs": [], "execution_count": None}
+    with pytest.raises(course.BuildError, match="markdown cell"):
+        course.exercise_notebook(_notebook(coded, _code(REGION)))
+
+
 @pytest.fixture()
 def checkout(tmp_path):
     """A copy of solutions/ and exercises/ to build in."""

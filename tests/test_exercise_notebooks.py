@@ -34,17 +34,22 @@ def test_one_exercise_notebook_per_chapter():
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_notebook_structure(notebook):
     """The course's conventions: one `parameters` cell read from the environment, a `closing`
-    cell, no outputs in git, nothing that raises on purpose, and the first cell explains how the
-    notebook is made and used."""
+    cell, no outputs in git, nothing that raises on purpose; the first cell tells the learner how
+    the notebook is used, and the solution tells its authors how the exercise is made from it
+    (in a `solution-only` cell, which the exercise leaves out)."""
     assert_parameters_and_no_outputs(notebook)
     closing = tagged(notebook, "closing")
     assert closing and all("checks.summary()" in "".join(c["source"]) for c in closing)
     first = cells(notebook)[0]
     intro = "".join(first["source"])
     assert first["cell_type"] == "markdown"
-    for phrase in (course.SOLUTION_BEGIN, course.SOLUTION_END, course.HINT_PREFIX.rstrip(":"),
-                   "python -m moe_tutorial build", "not implemented yet", "checks.pick"):
+    for phrase in ("not implemented yet", "checks.pick"):
         assert phrase in intro, f"the first cell should explain {phrase!r}"
+    if notebook.parent.name == "solutions":
+        text = "".join("".join(c["source"]) for c in cells(notebook) if c["cell_type"] == "markdown")
+        for phrase in (course.SOLUTION_BEGIN, course.SOLUTION_END, course.HINT_PREFIX.rstrip(":"),
+                       "python -m moe_tutorial build"):
+            assert phrase in text, f"the solution should tell its authors about {phrase!r}"
 
 
 @pytest.mark.slow

@@ -52,9 +52,12 @@ In the exercise each region becomes two lines at the region's indentation,
         raise NotImplementedError("softmax in float32 over the experts, torch.topk, divide ...")
 
 so the exercise notebook still runs top to bottom: defining the function raises nothing, calling it
-raises NotImplementedError, which `moe_tutorial.course.checks` reports as "not implemented yet". Every
-other cell, line and piece of metadata is copied unchanged, except what running a notebook leaves
-behind: outputs, execution counts, cell timings (`execution`) and the notebook's `widgets` /
+raises NotImplementedError, which `moe_tutorial.course.checks` reports as "not implemented yet".
+Two cell tags keep what only the solution should hold out of the exercise: a markdown cell tagged
+`answer` (the model answer to an open question) becomes, in place, a cell that invites the
+learner's own answer (`ANSWER_STUB`); a cell tagged `solution-only` (a note for the course's
+authors) is left out. Every other cell, line and piece of metadata is copied unchanged, except what
+running a notebook leaves behind: outputs, execution counts, cell timings (`execution`) and the notebook's `widgets` /
 `papermill` metadata are stripped. The output is deterministic (byte-identical on every run). A
 region outside a function body, without its hint, unclosed or nested is an error that names the
 notebook, cell and line. `--check` writes nothing and fails (exit 1) when `exercises/` differs from
@@ -994,6 +997,9 @@ SOLUTION_BEGIN = "### BEGIN SOLUTION"
 SOLUTION_END = "### END SOLUTION"
 HINT_PREFIX = "### HINT:"
 STUB_COMMENT = "# YOUR CODE HERE (replace this line and the next; then run the check below)"
+ANSWER_TAG = "answer"  # a model answer: the exercise gets ANSWER_STUB in its place
+SOLUTION_ONLY_TAG = "solution-only"  # left out of the exercise
+ANSWER_STUB = "**Your answer:** *(double-click this cell and write it here)*"
 _MARKER_LIKE = re.compile(r"^\s*###\s*(BEGIN|END)\s+SOLUTION|^\s*###\s*HINT\b", re.IGNORECASE)
 _RUN_LEFTOVERS = {"cell": ("execution",), "notebook": ("widgets", "papermill")}
 # The exercise notebook's metadata key under which the build records what it wrote: the hash of
@@ -1066,9 +1072,20 @@ def exercise_notebook(solution: dict, where: str = "notebook") -> dict:
     a notebook without any solution region."""
     exercise = json.loads(json.dumps(solution))  # a deep copy that stays plain JSON
     regions = 0
+    kept = []
     for number, cell in enumerate(exercise.get("cells", []), start=1):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if SOLUTION_ONLY_TAG in tags:
+            continue
+        kept.append(cell)
         for key in _RUN_LEFTOVERS["cell"]:
             cell.get("metadata", {}).pop(key, None)
+        if ANSWER_TAG in tags:
+            if cell.get("cell_type") != "markdown":
+                raise BuildError(f"{where}, cell {number}: a cell tagged {ANSWER_TAG!r} holds a "
+                                 "model answer in prose: make it a markdown cell")
+            cell["source"] = _lines(ANSWER_STUB)
+            continue
         if cell.get("cell_type") != "code":
             continue
         source, found = stub_source(_text(cell.get("source", "")), f"{where}, cell {number}")
@@ -1076,6 +1093,7 @@ def exercise_notebook(solution: dict, where: str = "notebook") -> dict:
         cell["source"] = _lines(source)
         cell["outputs"] = []
         cell["execution_count"] = None
+    exercise["cells"] = kept
     for key in (*_RUN_LEFTOVERS["notebook"], BUILD_STAMP):  # the stamp is the build's to write
         exercise.get("metadata", {}).pop(key, None)
     if not regions:

@@ -33,7 +33,9 @@ from moe_tutorial.parallel import distributed
 from moe_tutorial.perf import train_dist
 from moe_tutorial.safe_io import UnsafeWrite, check_target, write_json
 
-PRECISIONS = ("bf16", "fp8")
+# The precisions the matrix trains in (names `recipes.resolve` takes: the model's dtype and the
+# fastest FP8 recipe), which are also the two peaks MFU is quoted against.
+MATRIX_PRECISIONS = ("bf16", "fp8")
 HF_LABEL = "HF grouped_mm"  # how tables name train_dist's `--model hf`
 
 
@@ -127,9 +129,10 @@ def plan(gpus: int, layout_list: list[tuple[int, int]], precisions, backend: str
          hf: bool = True, engines=("fsdp2",)) -> list[Run]:
     """Our model in every layout, precision and data-parallel engine, then the HF baseline
     (data parallel only) under each engine."""
-    unknown = set(precisions) - set(PRECISIONS)
+    unknown = set(precisions) - set(MATRIX_PRECISIONS)
     if unknown:
-        raise ValueError(f"unknown precision(s) {sorted(unknown)}; choose from {PRECISIONS}")
+        raise ValueError(f"unknown precision(s) {sorted(unknown)}; choose from "
+                         f"{MATRIX_PRECISIONS}")
     unknown = set(engines) - set(train_dist.ENGINES)
     if unknown:
         raise ValueError(f"unknown engine(s) {sorted(unknown)}; choose from "
@@ -216,7 +219,7 @@ def run_matrix(runs: list[Run], settings: Settings, gpus: int, *, backend: tuple
     from moe_tutorial.perf.timing import datasheet_tflops, environment
 
     env = {**environment(), "gpus_used": gpus}
-    peaks = {precision: datasheet_tflops(env["gpu"], precision) for precision in PRECISIONS}
+    peaks = {precision: datasheet_tflops(env["gpu"], precision) for precision in MATRIX_PRECISIONS}
     config = preset(settings.preset)
     report = {"environment": env, "model": model_description(settings.preset),
               "settings": {**asdict(settings), "tokens_per_gpu_per_step":
@@ -378,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="model (default: mixtral-7l on a GPU, tiny on a CPU)")
     parser.add_argument("--layouts", nargs="+", default=None,
                         help="DPxEP layouts, e.g. 1x8 8x1 (default: every one that fits)")
-    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--precisions", nargs="+", default=list(MATRIX_PRECISIONS),
+                        choices=MATRIX_PRECISIONS)
     parser.add_argument("--backend", default=None,
                         help="our expert backend (default: te_ops with TE on a GPU, else "
                              "grouped_torch)")

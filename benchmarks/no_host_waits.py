@@ -21,8 +21,9 @@ import torch
 from torch.nn.attention import SDPBackend
 
 from moe_tutorial.moe import model, sync_free
+from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.perf import bench, speed_of_light
 from moe_tutorial.perf.timing import environment, measure_peaks
 from moe_tutorial.train import graphed

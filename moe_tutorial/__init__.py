@@ -3,8 +3,11 @@ NVIDIA Transformer Engine".
 
 One sub-package per concern, each importing only from those before it (docs/package.md):
 precision → moe → train → parallel → perf → course, and the command line (`cli`). The model
-the course teaches is `moe`: `moe.model.MoEForCausalLM`, its router in `moe.routing`, its experts
-in `moe.experts` (`naive_experts`, the reference loop, first among the backends).
+the course teaches is `moe`: `moe.model.MoEForCausalLM`. Its minimal reading path, in order: the
+MoE block `moe.model.MoEBlock` and its token dispatcher `moe.model.LocalDispatcher`; the router
+`moe.routing.Router` (a softmax's top-k: `moe.routing.route`); the experts as
+`moe.experts.naive_experts` (the reference loop, first among the backends); one training step,
+`train.loop.train_step`.
 Notebooks import from here; the package never imports notebook code, and finds files through
 `locations` (its own data, the clone around the current directory), so an installed wheel runs
 as a checkout does; committed results are read by `perf.results`.

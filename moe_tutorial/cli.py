@@ -142,6 +142,8 @@ def _check_train(args: argparse.Namespace) -> None:
     if args.checkpoint_dir:
         from .safe_io import check_folder_free
 
+        check_count("--checkpoint-every", args.checkpoint_every)
+        check_count("--keep-checkpoints", args.keep_checkpoints)
         checkpoint.Checkpointing(args.checkpoint_dir, args.checkpoint_every,
                                  args.keep_checkpoints)
         # a new run would overwrite and prune another run's checkpoints
@@ -279,9 +281,15 @@ def _read_report(path: str) -> dict:
 
 def _check_bench(args: argparse.Namespace) -> None:
     from .perf import bench
+    from .train.data import check_count
 
     _check_device(args.device)
     _check_output_file("--out", args.out, args.replace, make_parents=True)
+    for flag, value, least in (("--batch", args.batch, 1), ("--seq-len", args.seq_len, 1),
+                               ("--warmup", args.warmup, 0), ("--iters", args.iters, 1),
+                               ("--layers", args.layers, 1)):
+        if value is not None:  # by the flag's name; check_run_arguments names the API's
+            check_count(flag, value, least=least)
     bench.check_run_arguments(device=args.device, shapes=args.shapes, routings=args.routings,
                               train_preset=args.preset, train_variants=args.train_variants,
                               batch=args.batch, seq_len=args.seq_len, warmup=args.warmup,
@@ -386,7 +394,8 @@ def _check_validate(args: argparse.Namespace) -> None:
 
 
 _CHECKS = {"validate": _check_validate, "train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
-           "analyze": _check_analyze, "idle-gaps": _check_idle_gaps}
+           "analyze": _check_analyze, "idle-gaps": _check_idle_gaps,
+           "blackwell-dry-run": _check_validate}  # an --out file, as validate's
 
 
 def _add_step_workload(parser: argparse.ArgumentParser, *, out_help: str) -> None:
@@ -484,8 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     be.add_argument("--layers", type=int, default=None,
                     help="the training step's model with this many layers (default: the preset's)")
     be.add_argument("--train-variants", nargs="+", default=None,
-                    help="default: the course's ladder (bench.TRAIN_VARIANTS); also "
-                         "bench.CANDIDATE_VARIANTS, e.g. ours_te_ops_fp8_step_in_backward")
+                    help="default: the course's ladder (bench.TRAIN_VARIANTS); any name of "
+                         "bench.VARIANTS, e.g. ours_te_ops_fp8_compiled_loss")
     be.add_argument("--batch", type=int, default=None)
     be.add_argument("--seq-len", type=int, default=None)
     be.add_argument("--warmup", type=int, default=None)
@@ -506,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                          help="TE's own fusion decision for the course's te_ops MLP, as on a B200 "
                               "(needs TE on any CUDA GPU)")
     dry.add_argument("--out", default="benchmarks/results/h200_blackwell_dry_run.json")
+    dry.add_argument("--replace", action="store_true",
+                     help="replace an existing --out file (else it is refused)")
     dry.set_defaults(run=_blackwell_dry_run)
 
     va = sub.add_parser("validate", help="on a B200 (or any GPU): GPU tests, fused-path check, "

@@ -166,7 +166,7 @@ def layer_returns_float32(mlp, hidden, indices, weights, num_experts, align):
     return routing.unpermute(y.float(), perm, None)
 
 
-def recipe_returns_recipe_choice(caps, preference="fastest"):
+def recipe_returns_precision(caps, preference="fastest"):
     return recipes.recipe_for(caps, preference)
 
 
@@ -267,8 +267,8 @@ PROBES = [
      ["second GroupedLinear's weights are torch.float32", "dtype=torch.bfloat16"]),
     ("check_te_ops_expert_layer", layer_returns_float32,
      ["output is torch.float32 but the hidden states are torch.bfloat16"]),
-    ("check_choose_recipe", recipe_returns_recipe_choice,
-     ["RecipeChoice", "return (choice.name, choice.align)"]),
+    ("check_choose_recipe", recipe_returns_precision,
+     ["Precision", "return (choice.name, choice.align)"]),
     ("check_choose_recipe", recipe_as_list, PASSES),
     ("check_choose_recipe", recipe_align_as_string, ["alignment is str '32'", "as an int"]),
     ("check_predict_speedup", predict_tensor_of_shape_one, ["tensor of shape [1]",

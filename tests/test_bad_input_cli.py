@@ -86,7 +86,7 @@ TRAIN_CASES = {
     "checkpoint every 0": (["--checkpoint-dir", "ckpt", "--checkpoint-every", "0"],
                            ["every=0", ">= 1"]),
     "keep 0 checkpoints": (["--checkpoint-dir", "ckpt", "--keep-checkpoints", "0"],
-                           ["keep=0", ">= 1"]),
+                           ["--keep-checkpoints=0", ">= 1"]),
     "resume without a directory": (["--resume"], ["--resume needs --checkpoint-dir"]),
     "unknown flag": (["--stpes", "10"], ["--stpes", "--help"]),
 }
@@ -175,7 +175,7 @@ def test_a_valueerror_during_the_work_keeps_its_traceback(monkeypatch):
 
 BENCH_CASES = {
     "batch 0": (["--batch", "0"], ["batch=0", ">= 1"]),
-    "seq len 0": (["--seq-len", "0"], ["seq_len=0", ">= 1"]),
+    "seq len 0": (["--seq-len", "0"], ["--seq-len=0", ">= 1"]),
     "seq len beyond the model": (["--preset", "tiny", "--seq-len", "4096"],
                                  ["seq_len=4096", "max_seq_len=64"]),
     "warmup negative": (["--warmup", "-1"], ["warmup=-1", ">= 0"]),

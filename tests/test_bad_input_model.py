@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from moe_tutorial.moe import hf_baseline
+from moe_tutorial.moe.batch import IGNORE_INDEX, next_token_targets
 from moe_tutorial.moe.config import MoEConfig, course_mode, preset
-from moe_tutorial.moe.model import IGNORE_INDEX, MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.hf import from_hf
+from moe_tutorial.moe.model import MoEForCausalLM
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -162,7 +164,7 @@ REFUSED_HF_FIELDS = {
 def test_from_hf_refuses_a_field_it_does_not_implement(case):
     overrides, patterns = REFUSED_HF_FIELDS[case]
     hf = _hf_mixtral(**overrides)
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), *patterns)
+    assert_clear_error(lambda: from_hf(hf), *patterns)
 
 
 SUPPORTED_HF_FIELDS = {
@@ -179,7 +181,7 @@ SUPPORTED_HF_FIELDS = {
 @pytest.mark.parametrize("case", sorted(SUPPORTED_HF_FIELDS))
 def test_from_hf_converts_a_supported_field_exactly(case):
     hf = _hf_mixtral(**SUPPORTED_HF_FIELDS[case])
-    ours = MoEForCausalLM.from_hf(hf)
+    ours = from_hf(hf)
     ids = _ids(2, 16)
     ref = hf(ids, labels=ids, output_router_logits=True)
     out = ours(ids, next_token_targets(ids))
@@ -192,7 +194,7 @@ def test_from_hf_names_another_model_type():
         vocab_size=32, hidden_size=32, intermediate_size=16, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2)
     hf = transformers.GraniteMoeForCausalLM._from_config(config, dtype=torch.float32)
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), r"model_type='granitemoe'",
+    assert_clear_error(lambda: from_hf(hf), r"model_type='granitemoe'",
                        r"MixtralForCausalLM")
 
 
@@ -201,25 +203,25 @@ def test_from_hf_names_a_dense_model_type():
                                       num_hidden_layers=1, num_attention_heads=4,
                                       num_key_value_heads=2)
     hf = transformers.LlamaForCausalLM._from_config(config, dtype=torch.float32)
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), r"model_type='llama'",
+    assert_clear_error(lambda: from_hf(hf), r"model_type='llama'",
                        r"MixtralForCausalLM")
 
 
 def test_from_hf_wants_the_causal_lm_not_the_body():
     hf = _hf_mixtral(transformers.MixtralModel)
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), r"MixtralModel",
+    assert_clear_error(lambda: from_hf(hf), r"MixtralModel",
                        r"MixtralForCausalLM")
 
 
 def test_from_hf_wants_a_model_not_a_config():
     config = transformers.MixtralConfig(**TINY.to_hf_config_kwargs())
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(config), r"MixtralConfig",
+    assert_clear_error(lambda: from_hf(config), r"MixtralConfig",
                        r"MixtralForCausalLM")
 
 
 def test_from_hf_names_an_unsupported_dtype():
     hf = _hf_mixtral().to(torch.float64)
-    assert_clear_error(lambda: MoEForCausalLM.from_hf(hf), r"torch\.float64", r"\.to\(")
+    assert_clear_error(lambda: from_hf(hf), r"torch\.float64", r"\.to\(")
 
 
 def test_hf_baseline_wants_our_model():

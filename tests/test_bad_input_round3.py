@@ -27,6 +27,7 @@ from moe_tutorial import safe_io
 from moe_tutorial.cli import main
 from moe_tutorial.moe.config import MoEConfig, preset
 from moe_tutorial.moe.experts import ExpertMLP
+from moe_tutorial.moe.hf import from_hf
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.moe.routing import Router
 from moe_tutorial.parallel import dist_checkpoint
@@ -775,7 +776,7 @@ def test_from_hf_refuses_weights_of_mixed_dtypes_by_name():
     hf = _mixtral_hf()
     hf.lm_head.to(torch.bfloat16)
     with pytest.raises(ValueError, match=r"lm_head.weight is torch.bfloat16.*one dtype"):
-        MoEForCausalLM.from_hf(hf)
+        from_hf(hf)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 
 from moe_tutorial.cli import main
 from moe_tutorial.moe.config import preset
-from moe_tutorial.perf import bench, timing
+from moe_tutorial.perf import bench, results, timing
 
 
 def test_skewed_routing_is_skewed():
@@ -219,32 +219,9 @@ def test_family_shapes_are_the_shipped_configs():
     assert set(bench.FAMILY_SHAPES) <= set(bench.EXPERT_SHAPES)
 
 
-def test_step_in_backward_variants_run_and_train():
-    """The optimizer-in-backward variants (ours, and HF's, as the same generic trick) time a
-    real step on CPU: they start from the shared first loss and their weights move."""
-    variants = ["ours_te_ops_bf16_step_in_backward",
-                bench.Variant("hf_grouped_mm_step_in_backward", "grouped_mm", hf=True,
-                              step_in_backward=True)]
-    rows = bench.bench_train_step(preset("tiny").with_overrides(dtype="float32"),
-                                  ["ours_te_ops_bf16", *variants], batch=1, seq_len=16,
-                                  device="cpu", warmup=0, iters=2)
-    assert [r["status"] for r in rows] == ["ok", "ok", "ok"], rows
-    assert all(r["optimizer"].endswith("StepInBackward") for r in rows[1:])
-    model, _ = bench.variant(variants[0]).build(preset("tiny").with_overrides(dtype="float32"),
-                                                "cpu")
-    opt = bench.variant(variants[0]).optimizer(model, 1e-2)
-    before = [p.detach().clone() for p in model.parameters()]
-    ids = torch.randint(0, model.config.vocab_size, (1, 17))
-    bench._timed_step(model, None, opt, (ids[:, :-1], ids[:, 1:]))()
-    assert all(not torch.equal(a, b) for a, b in zip(before, model.parameters())
-               if a.dim() >= 2)
-    with pytest.raises(ValueError, match="does not apply"):
-        bench.variant(variants[0]).optimizer(model, 1e-2, "te_fused_adam")
-
-
 def test_candidates_are_named_not_run_by_default():
-    """Issue 19's candidate variants are accepted by name but stay out of the course's ladder
-    (bench's default run and notebook 06 iterate TRAIN_VARIANTS)."""
+    """The compile options, alone or together, are accepted by name but stay out of the course's
+    ladder (bench's default run and notebook 06 iterate TRAIN_VARIANTS)."""
     assert bench.CANDIDATE_VARIANTS and not set(bench.CANDIDATE_VARIANTS) & set(bench.TRAIN_VARIANTS)
     for name in bench.CANDIDATE_VARIANTS:
         assert bench.variant(name).changes
@@ -254,16 +231,15 @@ def test_candidates_are_named_not_run_by_default():
 
 def test_compiled_candidates_take_the_same_step():
     """The torch.compile candidates (on a CPU Inductor makes C++ kernels from the same graphs):
-    the compiled loss and the compiled AdamW step (after the backward pass, or per layer inside
-    it) move the weights as the eager ones do, and a learning-rate schedule reaches the compiled
-    step through its tensor learning rate."""
+    the compiled loss and the compiled AdamW step move the weights as the eager ones do, and a
+    learning-rate schedule reaches the compiled step through its tensor learning rate."""
     from moe_tutorial.train.loop import set_learning_rate
 
     config = preset("tiny").with_overrides(dtype="float32")
     ids = torch.randint(0, config.vocab_size, (1, 17))
     after = {}
     for name in ("ours_te_ops_bf16", "ours_te_ops_bf16_compiled_loss",
-                 "ours_te_ops_bf16_compiled_adamw", "ours_te_ops_bf16_compiled_step_in_backward"):
+                 "ours_te_ops_bf16_compiled_adamw", "ours_te_ops_bf16_compiled"):
         model, forward = bench.variant(name).build(config, "cpu")
         optimizer = bench.variant(name).optimizer(model, 1e-2)
         for lr in (1e-2, 3e-3):
@@ -273,7 +249,7 @@ def test_compiled_candidates_take_the_same_step():
     assert isinstance(optimizer.param_groups[0]["lr"], torch.Tensor)
     assert optimizer.param_groups[0]["lr"].item() == pytest.approx(3e-3)
     for name in ("ours_te_ops_bf16_compiled_loss", "ours_te_ops_bf16_compiled_adamw",
-                 "ours_te_ops_bf16_compiled_step_in_backward"):
+                 "ours_te_ops_bf16_compiled"):
         for got, want in zip(after[name], after["ours_te_ops_bf16"]):
             # a step moves a weight by ~lr (Adam): 2e-5 is two thousandths of one. The compiled
             # kernels sum in another order (which also depends on the thread count), and Adam
@@ -285,7 +261,8 @@ def test_compiled_candidates_take_the_same_step():
 
 def test_candidate_gains_pair_each_candidate_with_its_base_from_the_same_run():
     """Every candidate changes one ladder variant (the same model, precision and compilation),
-    and the committed candidate runs each hold both sides of every gain they report."""
+    and the committed runs that timed candidates are found by what they hold, each holding both
+    sides of every gain it reports."""
     for name in bench.CANDIDATE_VARIANTS:
         base = bench.variant(bench.candidate_base(name))
         v = bench.variant(name)
@@ -301,5 +278,53 @@ def test_candidate_gains_pair_each_candidate_with_its_base_from_the_same_run():
     (gain,) = bench.candidate_gains(rows)
     assert (gain["base"], gain["speedup"]) == ("ours_te_ops_fp8", pytest.approx(80 / 75))
     committed = bench.committed_candidate_gains()
-    assert {g["run"] for g in committed} == set(bench.CANDIDATE_RUNS)
-    assert all(g["gpu"] and g["ms"] > 0 for g in committed)
+    assert {f"benchmarks/results/{name}" for name in (
+        "h200_compiled_candidates.json", "h200_compiled_candidates_rerun.json", "h200.json")
+    } <= {g["run"] for g in committed}
+    for gain in committed:
+        rows = {r["variant"]: r for r in results.read(gain["run"])["results"]
+                if r.get("part") == "train"}
+        assert rows[gain["base"]]["median_ms"] == gain["base_ms"] > 0
+        assert rows[gain["variant"]]["median_ms"] == gain["ms"] > 0 and gain["gpu"]
+    dates = [results.read(g["run"])["environment"]["date"] for g in committed]
+    assert dates == sorted(dates)  # oldest run first
+
+
+def test_variant_names_are_derived_from_their_options():
+    """The names are built from the options, and they are the names every committed result,
+    the docs and the sync-free driver use: a committed row of a variant still named finds it,
+    and the only committed rows without one are the measured and not adopted candidates."""
+    assert bench.Variant.of("grouped_mm", hf=True, compiled=True, compiled_adamw=True).name == (
+        "hf_grouped_mm_compiled_compiled_adamw")
+    assert bench.Variant.of("te_ops", "fp8", compiled_loss=True, compiled_adamw=True).name == (
+        "ours_te_ops_fp8_compiled")
+    assert bench.Variant.of("sync_free_fp8_wgrad", "fp8", graphed=True,
+                            compiled_loss=True).name == "ours_sync_free_fp8_wgrad_graphed_compiled_loss"
+    assert all(bench.Variant.of(v.backend, v.precision, hf=v.hf, compiled=v.compiled,
+                                compiled_loss=v.compiled_loss, compiled_adamw=v.compiled_adamw,
+                                graphed=v.graphed) == v for v in bench.VARIANTS.values())
+    assert len(bench.VARIANTS) == len(bench.LADDER + bench.COMPILED_STEPS + bench.COMPILED_ALONE
+                                      + bench.SYNC_FREE)  # no two options give one name
+    committed = {r["variant"] for _, report in bench.committed_train_runs()
+                 for r in report["results"] if r.get("part") == "train"}
+    assert {name for name in committed if name not in bench.VARIANTS} == {
+        "hf_grouped_mm_compiled_step_in_backward", "ours_te_ops_bf16_step_in_backward",
+        "ours_te_ops_fp8_step_in_backward", "hf_grouped_mm_compiled_compiled_adamw_step_in_backward",
+        "ours_te_ops_bf16_compiled_step_in_backward",
+        "ours_te_ops_fp8_compiled_loss_step_in_backward",
+        "ours_te_ops_fp8_compiled_step_in_backward"}
+    assert set(bench.TRAIN_VARIANTS + bench.GPU_EXTRA_VARIANTS) <= committed
+    sync_free = {"ours_sync_free_bf16", "ours_sync_free_bf16_graphed", "ours_sync_free_fp8",
+                 "ours_sync_free_fp8_graphed", "ours_sync_free_fp8_wgrad_graphed",
+                 "ours_sync_free_bf16_graphed_compiled_loss",
+                 "ours_sync_free_fp8_graphed_compiled_loss",
+                 "ours_sync_free_fp8_wgrad_graphed_compiled_loss"}
+    assert {v.name for v in bench.SYNC_FREE} == sync_free
+
+
+def test_an_unknown_variant_is_refused_in_one_line_naming_the_choices(capsys):
+    assert main(["bench", "--no-expert", "--train-variants", "ours_te_ops_fp8_step_in_backward"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "unknown training variant 'ours_te_ops_fp8_step_in_backward'" in err
+    assert all(name in err for name in bench.VARIANTS)

@@ -162,7 +162,7 @@ def test_check_names_the_stale_file_and_the_fix(checkout):
     assert ("exercises/01_router_and_loop.ipynb is out of date with "
             "solutions/01_router_and_loop.ipynb (cell 1 differ") in problems
     assert "exercises/02_permute_and_grouped_gemm.ipynb is missing" in problems
-    assert "exercises/09_old.ipynb has no solutions/09_old.ipynb: run `python -m moe_tutorial build`" in problems
+    assert "exercises/09_old.ipynb has no solutions/09_old.ipynb: run `build_exercises()`" in problems
     assert "exercises/08_mine.ipynb has no solutions/08_mine.ipynb: the build leaves it" in problems
     assert (checkout / "exercises" / "09_old.ipynb").exists(), "--check writes nothing"
     fixed = course.build_exercises(checkout / "solutions")

@@ -54,7 +54,7 @@ def test_a_hopper_with_te_runs_groupedlinear_te_ops_and_the_fastest_fp8_recipe()
     assert list(variants) == ["loop", "grouped", "te_ops", "fp8"]
     assert all(v.unavailable is None for v in variants.values())
     assert (variants["grouped"].backend, variants["fp8"].backend) == ("te_grouped_linear",) * 2
-    assert variants["fp8"].precision == "DelayedScaling"  # recipe_for(hopper, "fastest")
+    assert variants["fp8"].precision == "DelayedScaling"  # resolve("fp8", hopper)
     blackwell = {v.name: v for v in decide.sweep_variants(_caps("blackwell"), "cuda")}
     assert blackwell["fp8"].precision == "MXFP8BlockScaling"
 

@@ -26,8 +26,9 @@ import torch._dynamo  # FSDP2 imports it (2.6 s): here, ranks.run's launcher, no
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
+from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter
 from moe_tutorial.parallel import dist_checkpoint, distributed, ranks
 from moe_tutorial.perf.train_dist import _global_batch
 from moe_tutorial.precision.quant import rel_error

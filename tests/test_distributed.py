@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.hf import to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.parallel import distributed, ranks
 from moe_tutorial.perf import train_dist
@@ -72,7 +73,7 @@ def _sharded_model_against_the_full_one() -> dict:
     sharded.set_expert_backend("te_ops").set_precision("bf16")
     ids = torch.randint(0, config.vocab_size, (2, 8),
                         generator=torch.Generator().manual_seed(dist.get_rank()))
-    state, full_state = sharded.to_hf_state_dict(), full.to_hf_state_dict()  # a collective
+    state, full_state = to_hf_state_dict(sharded), to_hf_state_dict(full)  # a collective
     return {"backend": sharded.expert_backend,
             "shard_sizes": [layer.mlp.experts.num_experts for layer in sharded.model.layers],
             "logits_error": rel_error(sharded(ids).logits, full(ids).logits),

@@ -171,11 +171,29 @@ def test_the_chapter_table_lists_every_chapter_with_its_measured_run_time():
     for notebook in docs.chapter_notebooks():
         row = next(line for line in table.splitlines() if f"[{notebook.stem}]" in line)
         assert docs.CHAPTER_LESSONS[notebook.stem] in row
-        assert row.endswith(f"| {docs.reading_minutes(notebook)} min | "
-                            f"{docs._duration(seconds[notebook.stem])} |")
-    total = sum(seconds[n.stem] for n in docs.chapter_notebooks())
+        ran = (docs._duration(seconds[notebook.stem]) if notebook.stem in seconds
+               else "not measured yet")
+        assert row.endswith(f"| {docs.reading_minutes(notebook)} min | {ran} |")
+    counted = [n for n in docs.chapter_notebooks() if n.stem not in docs.OPTIONAL_NOTEBOOKS]
+    total = sum(seconds[n.stem] for n in counted)
     assert f"| **{docs._duration(total)}** |" in table
+    reading = sum(docs.reading_minutes(n) for n in counted)
+    assert f"| **{docs._hours(reading)}** |" in table
     assert run["environment"]["torch"] in table
+
+
+def test_an_optional_deep_dive_is_listed_after_the_total_and_not_counted(tmp_path, monkeypatch):
+    for notebook in docs.chapter_notebooks():
+        shutil.copy(notebook, tmp_path / notebook.name)
+    before = docs.chapter_times()
+    deep_dive = next(iter(docs.OPTIONAL_NOTEBOOKS))
+    _notebook(tmp_path / f"{deep_dive}.ipynb", " ".join(["word"] * 3000), "x = 1")
+    monkeypatch.setattr(docs, "NOTEBOOKS", tmp_path)
+    after = docs.chapter_times().splitlines()
+    total = next(i for i, line in enumerate(after) if line.startswith("| **in all**"))
+    assert after[total] in before.splitlines()  # the same totals
+    assert after[total + 1].startswith(f"| [{deep_dive}](notebooks/{deep_dive}.ipynb) | Optional")
+    assert after[total + 1].endswith("| 20 min | not measured yet |")
 
 
 def _executed(folder, name, mode="small", duration=12.3, exception=None):
@@ -271,7 +289,8 @@ def test_the_readmes_first_40_lines_say_what_a_newcomer_needs():
                    "reading", "**in all**"):  # how long it takes
         assert needed in first, needed
     for notebook in docs.chapter_notebooks():  # what each chapter teaches, and its times
-        assert f"[{notebook.stem}]" in first, notebook.stem
+        if notebook.stem not in docs.OPTIONAL_NOTEBOOKS:  # those come after the total
+            assert f"[{notebook.stem}]" in first, notebook.stem
 
 
 def _slug(heading: str) -> str:
@@ -288,5 +307,104 @@ def test_links_between_the_pages_lead_to_files_and_headings(page):
         linked = (path.parent / target).resolve() if target else path
         assert linked.exists(), f"{page} links {target}"
         if anchor and linked.suffix == ".md":
-            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
-            assert anchor in {_slug(h) for h in headings}, f"{page} links {target}#{anchor}"
+            text = linked.read_text()
+            headings = re.findall(r"^#+ (.+)$", text, re.MULTILINE)
+            explicit = re.findall(r'<a id="([^"]+)"></a>', text)  # the glossary's anchors
+            assert anchor in {_slug(h) for h in headings} | set(explicit), \
+                f"{page} links {target}#{anchor}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Each chapter's header states its reading and run time
+
+HEADER_REGION = ('    "<!-- BEGIN generated: chapter-time (python -m tools.docs) -->\\n",\n'
+                 '    "<!-- END generated: chapter-time -->\\n",\n')
+
+
+def _with_time_region(path):
+    """The notebook at `path` with an empty chapter-time region after its title line."""
+    text = path.read_text(encoding="utf-8")
+    title = re.search(r'^    "# .*\\n",\n', text, re.MULTILINE)
+    path.write_text(text[:title.end()] + HEADER_REGION + text[title.end():], encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def notebooks_root(copy_root):
+    """The copy, with the chapters; 01 with an empty chapter-time region in its header."""
+    shutil.copytree(docs.ROOT / "notebooks", copy_root / "notebooks")
+    _with_time_region(copy_root / "notebooks" / "01_naive_moe.ipynb")
+    return copy_root
+
+
+def test_a_chapter_header_gets_its_reading_and_run_time_and_the_check_sees_drift(notebooks_root,
+                                                                                capsys):
+    chapter = notebooks_root / "notebooks" / "01_naive_moe.ipynb"
+    assert main(["--check", "--root", str(notebooks_root)]) == 1
+    assert "notebooks/01_naive_moe.ipynb: region 'chapter-time' differs" in capsys.readouterr().err
+    empty = chapter.read_text(encoding="utf-8")
+    assert main(["--root", str(notebooks_root)]) == 0
+    assert main(["--check", "--root", str(notebooks_root)]) == 0, capsys.readouterr().err
+    filled = chapter.read_text(encoding="utf-8")
+    header = docs._header(filled)
+    run = docs._load(docs.COURSE_RUN)
+    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    assert (f"Reading: about {docs.reading_minutes(chapter)} min · run ({run['mode']} mode, "
+            f"{run['environment']['cpu_count']} CPU cores): "
+            f"{docs._duration(seconds['01_naive_moe'])}") in header
+    # Only the region's lines changed; the rest of the file keeps its layout byte for byte.
+    added = [line for line in filled.splitlines() if line not in empty.splitlines()]
+    assert len(added) == 1 and "Reading: about" in added[0]
+    assert docs.reading_minutes(chapter) == docs.reading_minutes(docs.ROOT / "notebooks" /
+                                                                 chapter.name)
+    chapter.write_text(filled.replace("Reading: about", "Reading: roughly"), encoding="utf-8")
+    assert main(["--check", "--root", str(notebooks_root)]) == 1
+    # The other chapters have no region: left as they are.
+    for other in (notebooks_root / "notebooks").glob("0[2-8]_*.ipynb"):
+        assert other.read_bytes() == (docs.ROOT / "notebooks" / other.name).read_bytes()
+
+
+def test_a_chapter_time_marker_without_its_partner_is_one_line_naming_the_fix(notebooks_root,
+                                                                              capsys):
+    chapter = notebooks_root / "notebooks" / "01_naive_moe.ipynb"
+    text = chapter.read_text(encoding="utf-8")
+    chapter.write_text(text.replace('"<!-- END generated: chapter-time -->\\n",', '"\\n",'),
+                       encoding="utf-8")
+    assert main(["--check", "--root", str(notebooks_root)]) == 1
+    err = capsys.readouterr().err
+    assert "01_naive_moe.ipynb: the first markdown cell's chapter-time markers do not pair up" in err
+    assert err.count("\n") == 1
+
+
+def test_reading_minutes_leave_out_generated_regions(tmp_path):
+    region = docs._block("chapter-time", " ".join(["word"] * 500))
+    plain = _notebook(tmp_path / "01_a.ipynb", " ".join(["word"] * 1000))
+    with_region = _notebook(tmp_path / "01_b.ipynb", " ".join(["word"] * 1000) + "\n" + region)
+    assert docs.reading_minutes(plain) == docs.reading_minutes(with_region) == 5
+
+
+def test_each_not_adopted_candidate_names_a_commit_that_has_its_code_and_rows():
+    """The measured report's not-adopted table points at a commit whose package still holds the
+    candidate (it left the package since), and shows every committed row of it that ran beside
+    its base variant."""
+    import subprocess
+
+    from moe_tutorial.perf.bench import committed_train_runs
+
+    body = _region((docs.ROOT / BENCHMARKS).read_text(), "not-adopted")["body"]
+    code = {"_step_in_backward": "class StepInBackward"}  # what the commit must still hold
+    for suffix, _, commit in docs.NOT_ADOPTED:
+        shown = subprocess.run(["git", "show", f"{commit}:moe_tutorial/train/loop.py"],
+                               cwd=docs.ROOT, capture_output=True, text=True)
+        if shown.returncode != 0 and "unknown revision" in shown.stderr:
+            pytest.skip(f"no git history with {commit} here")
+        assert code[suffix] in shown.stdout, shown.stderr
+        assert f"commit `{commit}`" in body
+        shown_rows = 0
+        for _, report in committed_train_runs():
+            train = docs._train_rows(report)
+            for name, row in train.items():
+                if name.endswith(suffix) and name.removesuffix(suffix) in train:
+                    shown_rows += 1
+                    assert f"→ {row['median_ms']:.1f} |" in body, name
+        assert shown_rows == body.count(" → ") // 2  # ms and GiB per row, nothing else

@@ -13,9 +13,11 @@ import torch
 import torch.distributed as dist
 
 from moe_tutorial.moe import families
+from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import MoEConfig
 from moe_tutorial.moe.experts import EXPERT_BACKENDS, SELF_QUANTIZING_BACKENDS, convert_experts
-from moe_tutorial.moe.model import MoEBlock, MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.hf import from_hf, hf_gradients, to_hf_state_dict
+from moe_tutorial.moe.model import MoEBlock, MoEForCausalLM
 from moe_tutorial.moe.routing import (
     Router,
     group_limited_top_k,
@@ -140,7 +142,7 @@ def _compare_with_hf(hf, ours):
     out = ours(ids, next_token_targets(ids))
     ref.loss.backward()
     out.loss.backward()
-    grads = _gradient_errors(ours.hf_gradients(), dict(hf.named_parameters()))
+    grads = _gradient_errors(hf_gradients(ours), dict(hf.named_parameters()))
     worst = max(grads, key=grads.get)
     return {"logits": _relative(out.logits, ref.logits), "loss": _relative(out.loss, ref.loss),
             "aux_loss": _relative(out.aux_loss, ref.aux_loss), "gradient": grads[worst],
@@ -156,7 +158,7 @@ def _assert_within_tolerance(errors):
 @pytest.mark.parametrize("family, name", CASES)
 def test_logits_loss_and_gradients_match_hf(hf_models, family, name, hf_experts):
     hf = _use_experts(hf_models(family, name), hf_experts)
-    ours = MoEForCausalLM.from_hf(hf)
+    ours = from_hf(hf)
     assert ours.config.family == family
     _assert_within_tolerance(_compare_with_hf(hf, ours))
 
@@ -173,7 +175,7 @@ def test_every_expert_backend_runs_every_family(hf_models, family, backend):
     sits beside them: every backend (the TE ones through their CPU reference modules) gives
     HF's numbers."""
     hf = _use_experts(hf_models(family, "tiny"), "eager")
-    ours = MoEForCausalLM.from_hf(hf, expert_backend=backend)
+    ours = from_hf(hf, expert_backend=backend)
     assert ours.expert_backend == backend
     _assert_within_tolerance(_compare_with_hf(hf, ours))
 
@@ -183,7 +185,7 @@ def test_from_hf_passes_the_backend_options(hf_models):
     in one call, and the numbers stay HF's."""
     hf = _use_experts(hf_models("qwen3_moe", "tiny"), "eager")
     width = hf.config.moe_intermediate_size  # the interleave block must divide the expert width
-    ours = MoEForCausalLM.from_hf(hf, expert_backend="te_ops", align=32, glu_interleave_size=width)
+    ours = from_hf(hf, expert_backend="te_ops", align=32, glu_interleave_size=width)
     experts = ours.model.layers[0].mlp.experts
     assert (experts.align, experts.glu_interleave_size) == (32, width)
     _assert_within_tolerance(_compare_with_hf(hf, ours))
@@ -200,7 +202,7 @@ def test_our_weights_load_into_hf(family, name):
     assert MoEConfig.from_hf_config(hf_config) == config
     hf = getattr(transformers, family_info.causal_lm)._from_config(
         hf_config, attn_implementation="sdpa", dtype=torch.float32)
-    hf.load_state_dict(ours.to_hf_state_dict(), strict=True)
+    hf.load_state_dict(to_hf_state_dict(ours), strict=True)
     ids = torch.randint(0, config.vocab_size, (2, 16))
     assert _relative(ours(ids).logits, hf(ids).logits) <= TOLERANCE
 
@@ -289,7 +291,7 @@ def test_deepseek_v3_moe_block_matches_hf(deepseek_models, name, hf_experts, bac
 
 def test_deepseek_v3_full_model_is_refused_naming_mla(deepseek_models):
     with pytest.raises(ValueError, match=r"kv_lora_rank=16 .*multi-head latent attention \(MLA\)"):
-        MoEForCausalLM.from_hf(deepseek_models("tiny"))
+        from_hf(deepseek_models("tiny"))
     with pytest.raises(ValueError, match=r"MLA\) is not implemented"):
         _our_config("deepseek_v3", "tiny").to_hf_config_kwargs()
 
@@ -322,7 +324,7 @@ def test_the_padding_row_gets_no_gradient_as_in_hf(hf_models):
     a batch full of padding tokens still reads its row, and neither model's row gets a gradient."""
     hf = _use_experts(hf_models("olmoe", "tiny"), "eager")
     assert hf.config.pad_token_id == 1
-    ours = MoEForCausalLM.from_hf(hf)
+    ours = from_hf(hf)
     assert ours.config.pad_token_id == 1 and ours.model.embed_tokens.padding_idx == 1
     assert ours.config.to_hf_config_kwargs()["pad_token_id"] == 1
     ids = torch.tensor([[1, 5, 1, 7, 1, 1, 9, 2]])

@@ -5,6 +5,7 @@ import torch
 
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.experts import ExpertMLP, convert_experts, dispatch, interleave_glu
+from moe_tutorial.moe.hf import to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.moe.routing import permute, route
 from moe_tutorial.precision import hardware
@@ -159,14 +160,14 @@ def test_model_fp8_keeps_router_and_lm_head_in_bf16(te):
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
     assert f"align {model.precision.align}" in model.model.layers[0].mlp.experts.last_path
     # the HF-layout export still works after the TE conversion
-    state = model.to_hf_state_dict()
+    state = to_hf_state_dict(model)
     assert "model.layers.0.mlp.experts.gate_up_proj" in state
     assert not any(k.endswith("_extra_state") for k in state)
 
 
 def test_hf_baseline_same_weights_same_loss(te):
+    from moe_tutorial.moe.batch import next_token_targets
     from moe_tutorial.moe.hf_baseline import hf_mixtral, hf_training_loss
-    from moe_tutorial.moe.model import next_token_targets
 
     cfg = preset("tiny", hidden_size=256, intermediate_size=512, dtype="bfloat16", max_seq_len=128)
     model = MoEForCausalLM(cfg, device="cuda")

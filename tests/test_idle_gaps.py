@@ -157,3 +157,13 @@ def test_a_cuda_step_splits_its_idle_time():
     gaps = idle_gaps.profile(step, device="cuda", steps=2, warmup=1)
     assert gaps.busy_ms > 0 and gaps.steps == 2
     assert sum(r["ms"] for r in gaps.rows) == pytest.approx(gaps.idle_ms)
+
+
+def test_the_busy_table_sets_busy_time_against_busy_time():
+    run = idle_gaps.committed()
+    table = idle_gaps.busy_table(run)
+    rows = {r[0]: r for r in table.rows}
+    base = run["variants"]["hf_grouped_mm_compiled"]["gaps"].busy_ms
+    fp8 = run["variants"]["ours_te_ops_fp8_compiled"]["gaps"].busy_ms
+    assert rows["hf_grouped_mm_compiled"][-1] == "1.00x"
+    assert rows["ours_te_ops_fp8_compiled"][-1] == f"{base / fp8:.2f}x"

@@ -17,8 +17,9 @@ import torch.distributed as dist
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.utils.checkpoint import checkpoint
 
+from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.parallel import distributed, ranks
 from moe_tutorial.perf import memory
 from moe_tutorial.perf.bench import TRAIN_VARIANTS

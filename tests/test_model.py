@@ -4,14 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from moe_tutorial.moe.batch import IGNORE_INDEX, next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import (
-    IGNORE_INDEX,
-    MoEForCausalLM,
-    RMSNorm,
-    cross_entropy,
-    next_token_targets,
-)
+from moe_tutorial.moe.hf import from_hf, to_hf_state_dict
+from moe_tutorial.moe.loss import cross_entropy
+from moe_tutorial.moe.model import MoEForCausalLM, RMSNorm
+from moe_tutorial.precision.te_projections import fuse_attention_projections
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -30,7 +28,7 @@ def _hf_model(cfg, experts_implementation):
 def test_parity_with_hf_mixtral(hf_experts, backend):
     cfg = preset("tiny")
     hf = _hf_model(cfg, hf_experts)
-    ours = MoEForCausalLM.from_hf(hf, expert_backend=backend)
+    ours = from_hf(hf, expert_backend=backend)
     ids = torch.randint(0, cfg.vocab_size, (3, 24))
 
     ref = hf(ids, labels=ids, output_router_logits=True)
@@ -53,7 +51,7 @@ def test_state_dict_round_trip_into_hf():
     cfg = preset("tiny")
     ours = MoEForCausalLM(cfg)  # our own initialisation
     hf = _hf_model(cfg, "eager")
-    missing, unexpected = hf.load_state_dict(ours.to_hf_state_dict(), strict=True)
+    missing, unexpected = hf.load_state_dict(to_hf_state_dict(ours), strict=True)
     assert not missing and not unexpected
     ids = torch.randint(0, cfg.vocab_size, (2, 16))
     torch.testing.assert_close(ours(ids).logits, hf(ids).logits, rtol=1e-5, atol=1e-5)
@@ -64,7 +62,7 @@ def test_from_hf_refuses_what_it_cannot_represent():
     hf = _hf_model(cfg, "eager")
     hf.config.sliding_window = 8
     with pytest.raises(ValueError, match="sliding_window=8"):
-        MoEForCausalLM.from_hf(hf)
+        from_hf(hf)
 
 
 def test_ignored_targets_and_sequence_limit():
@@ -80,6 +78,41 @@ def test_ignored_targets_and_sequence_limit():
     assert model(ids).loss is None
     with pytest.raises(ValueError, match="exceeds config.max_seq_len=64"):
         model(torch.zeros(1, 65, dtype=torch.long))
+
+
+class _SplitLinear(torch.nn.Module):
+    """Stands for `te.Linear` on a CPU: with `parameters_split` its weight is one parameter per
+    part (`q_proj_weight`, ...), concatenated in the forward pass, as TE registers them."""
+
+    def __init__(self, in_features, out_features, bias, params_dtype, device,
+                 parameters_split=None):
+        super().__init__()
+        assert not bias
+        self.names = [f"{n}_weight" for n in parameters_split] if parameters_split else ["weight"]
+        rows = list(parameters_split.values()) if parameters_split else [out_features]
+        for name, count in zip(self.names, rows):
+            self.register_parameter(name, torch.nn.Parameter(
+                torch.full((count, in_features), float("nan"), dtype=params_dtype, device=device)))
+
+    def forward(self, x):
+        return F.linear(x, torch.cat([getattr(self, n) for n in self.names]))
+
+
+def test_fused_te_projections_keep_outputs_and_hf_weights():
+    """What FP8 does to the attention (q, k, v as one split TE Linear, o_proj a TE Linear),
+    with a stand-in for TE: the same logits, and `to_hf_state_dict` finds q, k, v again."""
+    torch.manual_seed(0)
+    model = MoEForCausalLM(preset("tiny"))
+    ids = torch.randint(0, model.config.vocab_size, (2, 16))
+    logits, state = model(ids).logits, to_hf_state_dict(model)
+    te = type("te", (), {"Linear": _SplitLinear})
+    for layer in model.model.layers:
+        fuse_attention_projections(layer.self_attn, te)
+        assert isinstance(layer.self_attn.o_proj, _SplitLinear) and layer.self_attn.qkv_proj
+    torch.testing.assert_close(model(ids).logits, logits, rtol=1e-6, atol=1e-6)
+    fused_state = to_hf_state_dict(model)
+    assert fused_state.keys() == state.keys()
+    assert all(torch.equal(fused_state[k], state[k]) for k in state)
 
 
 def test_switching_backend_keeps_outputs():

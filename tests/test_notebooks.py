@@ -22,10 +22,24 @@ from notebook_conventions import (
 )
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# 00 and the chapters 01-08; after them, an optional deep dive (09) that teaches no new step: it
+# is run and checked for structure like every notebook, without a chapter's teaching shape.
+CHAPTERS = [nb for nb in NOTEBOOKS if nb.name[:2] <= "08"]
+DEEP_DIVE = "09_deep_dive"
 
 
 def test_the_course_has_notebooks():
     assert [p.stem for p in NOTEBOOKS][:3] == ["00_setup", "01_naive_moe", "02_grouped_linear"]
+    assert NOTEBOOKS[-1].stem == DEEP_DIVE, "the optional deep dive comes after the chapters"
+
+
+def test_the_deep_dive_reads_committed_runs_and_names_its_prerequisites():
+    deep_dive = ROOT / "notebooks" / f"{DEEP_DIVE}.ipynb"
+    header = source(cells(deep_dive)[0])
+    assert "Prerequisites" in header and "chapter-time" in header
+    code = "\n".join(source(c) for c in cells(deep_dive) if c["cell_type"] == "code")
+    for reader in ("run_history.", "speed_of_light.committed_section", "idle_gaps.committed"):
+        assert reader in code, f"the deep dive reads the committed runs through {reader}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -37,7 +51,7 @@ def test_notebook_structure(notebook):
     assert closing and all(c["cell_type"] == "code" for c in closing)
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("notebook", CHAPTERS, ids=lambda p: p.stem)
 def test_notebook_teaches_by_the_course_conventions(notebook):
     """A `recap` cell, a graded `predict` cell, figures with alt text; chapters 01-06 show a
     figure and link their exercise, whose solution links back."""

@@ -114,3 +114,27 @@ def test_recipe_spec_reads_names_choices_and_te_like_objects():
         fp8_format, disable_rht = Format("E4M3"), True
 
     assert recipes.recipe_spec(NVFP4BlockScaling()) == recipes.RecipeSpec("NVFP4BlockScaling", "E4M3", True)
+
+
+def test_resolve_turns_every_precision_name_into_one_value():
+    hopper = machine("hopper")
+    assert recipes.resolve("bf16", hopper) is recipes.BF16
+    assert (recipes.BF16.name, recipes.BF16.align, recipes.BF16.build()) == ("bf16", 1, None)
+    assert recipes.resolve("fp8", hopper) == recipes.recipe_for(hopper, "fastest")
+    assert recipes.resolve("closest_to_mxfp8", hopper).name == "Float8BlockScaling"
+    assert recipes.resolve("DelayedScaling", hopper).recipe == recipes.RecipeSpec("DelayedScaling",
+                                                                                   "HYBRID")
+    chosen = recipes.resolve("fp8", machine("blackwell"))
+    assert recipes.resolve(chosen) is chosen  # a Precision is already resolved
+    assert recipes.recipe_spec(chosen) == chosen.recipe == recipes.RecipeSpec("MXFP8BlockScaling")
+    assert set(recipes.PRECISION_NAMES) >= {"bf16", "fp8", *recipes.TE_RECIPES}
+
+
+def test_resolve_refuses_a_name_it_does_not_know():
+    with pytest.raises(ValueError, match="unknown precision 'fp16'.*'bf16', 'fp8'"):
+        recipes.resolve("fp16", machine("hopper"))
+
+
+def test_a_precision_is_a_frozen_value():
+    with pytest.raises(AttributeError):
+        recipes.BF16.align = 32

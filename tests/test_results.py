@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from moe_tutorial import locations
-from moe_tutorial.perf import results
+from moe_tutorial.perf import results, run_history
 
 
 @pytest.fixture()
@@ -78,3 +78,50 @@ def test_a_target_in_a_clone_is_guarded_from_outside_it(clone, tmp_path, monkeyp
     link.symlink_to(target)
     with pytest.raises(safe_io.UnsafeWrite, match="inside the course's own notebooks/ folder"):
         safe_io.check_target(link, replace=True)
+
+
+def _train_report(rows, gpu="NVIDIA H200", date="2026-12-02 10:00:00 UTC"):
+    return {"environment": {"gpu": gpu, "date": date},
+            "results": [{"part": "train", "status": "ok", "peak_memory_gb": 20.0, **r} for r in rows]}
+
+
+def test_a_candidate_is_set_beside_its_base_from_the_same_run(clone, monkeypatch):
+    """Each experiment is set beside the variant it changes, from the same run; a candidate whose
+    base did not run is left out."""
+    folder = clone / "benchmarks" / "results"
+    (folder / "run.json").write_text(json.dumps(_train_report([
+        {"variant": "ours_te_ops_fp8", "median_ms": 80.0},
+        {"variant": "ours_te_ops_fp8_compiled", "median_ms": 72.0},
+        {"variant": "ours_te_ops_fp8_compiled_step_in_backward", "median_ms": 75.0},
+        {"variant": "hf_grouped_mm_compiled", "median_ms": 100.0},
+        {"variant": "hf_grouped_mm_compiled_compiled_adamw", "median_ms": 98.0},
+        {"variant": "ours_te_ops_bf16_compiled_loss", "median_ms": 90.0}])))
+    monkeypatch.chdir(clone)
+    gains = {g["variant"]: g for g in run_history.candidate_gains()}
+    assert set(gains) == {"ours_te_ops_fp8_compiled", "ours_te_ops_fp8_compiled_step_in_backward",
+                          "hf_grouped_mm_compiled_compiled_adamw"}
+    assert gains["ours_te_ops_fp8_compiled"]["base"] == "ours_te_ops_fp8"
+    assert gains["ours_te_ops_fp8_compiled"]["speedup"] == pytest.approx(80 / 72)
+    assert gains["ours_te_ops_fp8_compiled_step_in_backward"]["base"] == "ours_te_ops_fp8_compiled"
+    assert gains["ours_te_ops_fp8_compiled_step_in_backward"]["technique"] == (
+        "AdamW stepped in the backward pass")
+    assert gains["hf_grouped_mm_compiled_compiled_adamw"]["base"] == "hf_grouped_mm_compiled"
+    assert len(run_history.candidate_table().rows) == 3
+
+
+def test_the_history_compares_two_medians_of_the_same_run(clone, monkeypatch):
+    (clone / "benchmarks" / "results" / "run.json").write_text(json.dumps(_train_report([
+        {"variant": "ours_te_ops_fp8", "median_ms": 80.0}, {"variant": "hf_eager", "median_ms": 160.0}])))
+    monkeypatch.chdir(clone)
+    [entry] = run_history.fp8_step_history()
+    assert (entry["ours_fp8_ms"], entry["hf_eager_ms"], entry["speedup"]) == (80.0, 160.0, 2.0)
+    assert run_history.history_table().rows[0][-1] == "2.00x"
+
+
+def test_the_committed_history_and_candidate_runs_read_back():
+    history = run_history.fp8_step_history()
+    assert len(history) >= 4 and [h["date"] for h in history] == sorted(h["date"] for h in history)
+    gains = run_history.candidate_gains()
+    techniques = {g["technique"] for g in gains}
+    assert "AdamW stepped in the backward pass" in techniques and len(techniques) >= 3
+    assert all(g["base"] != g["variant"] and g["speedup"] > 0 for g in gains)

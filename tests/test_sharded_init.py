@@ -9,8 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
-from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
+from moe_tutorial.moe.hf import from_hf, to_hf_state_dict
+from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter
 from moe_tutorial.parallel import distributed, ranks, sharded_init
 from moe_tutorial.parallel.sharded_init import build_sharded, load_hf_shards
 from moe_tutorial.perf import train_dist
@@ -74,8 +76,8 @@ def test_the_stacked_layout_loads_too(saved, tmp_path):
     `to_hf_state_dict` writes, load as the per-expert matrices do."""
     folder, hf, config = saved
     shutil.copy(folder / "config.json", tmp_path)
-    reference = MoEForCausalLM.from_hf(hf)
-    save_file({k: v.contiguous() for k, v in reference.to_hf_state_dict().items()},
+    reference = from_hf(hf)
+    save_file({k: v.contiguous() for k, v in to_hf_state_dict(reference).items()},
               tmp_path / "model.safetensors")
     model = MoEForCausalLM(config, device="meta").materialize("cpu")
     load_hf_shards(model, tmp_path, None)
@@ -216,7 +218,7 @@ def test_train_dist_starts_from_an_hf_checkpoint(saved):
             "--max-sequences", "100")
     history = train_dist.launch(2, *args, timeout=300, echo=False)["results"][0]["history"]
     data = load_protein_data(config.max_seq_len, max_sequences=100)
-    model = MoEForCausalLM.from_hf(hf)
+    model = from_hf(hf)
     losses = [model(*next(_batches(data.train[rank::2], 2, 0, 0))).lm_loss for rank in (0, 1)]
     assert len(history) == 2
     assert history[0]["loss"] == pytest.approx(torch.stack(losses).mean().item(), rel=1e-5)

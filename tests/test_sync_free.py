@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from moe_tutorial.moe import sync_free
+from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.experts import ExpertMLP, convert_experts
-from moe_tutorial.moe.model import MoEForCausalLM, next_token_targets
+from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.moe.routing import permute, route, unpermute
 from moe_tutorial.moe.sync_free import (
     FP8_ROW_ALIGNMENT,

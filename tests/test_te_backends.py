@@ -20,9 +20,10 @@ from moe_tutorial.moe.experts import (
     why_fused_raises,
     why_unfused,
 )
+from moe_tutorial.moe.hf import from_hf, to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.moe.routing import route
-from moe_tutorial.precision import hardware
+from moe_tutorial.precision import hardware, recipes
 from moe_tutorial.precision.recipes import RecipeSpec
 
 
@@ -92,14 +93,14 @@ def test_glu_interleave_layout():
 def test_conversion_round_trip_through_a_model():
     model = MoEForCausalLM(preset("tiny"))
     ids = torch.randint(0, 24, (2, 16))
-    before = model.to_hf_state_dict()
+    before = to_hf_state_dict(model)
     ref = model(ids).logits
     for backend, options in [("te_ops", dict(glu_interleave_size=32)), ("te_grouped_linear", {}),
                              ("naive", {})]:
         model.set_expert_backend(backend, **options)
         assert model.expert_backend == backend
         torch.testing.assert_close(model(ids).logits, ref, rtol=1e-5, atol=1e-5)
-        after = model.to_hf_state_dict()
+        after = to_hf_state_dict(model)
         assert after.keys() == before.keys()
         for k in before:
             assert torch.equal(after[k], before[k]), k
@@ -111,7 +112,7 @@ def test_from_hf_into_a_te_backend():
     hf = transformers.MixtralForCausalLM._from_config(
         transformers.MixtralConfig(**cfg.to_hf_config_kwargs()), dtype=torch.float32,
         experts_implementation="eager")
-    model = MoEForCausalLM.from_hf(hf, expert_backend="te_ops")
+    model = from_hf(hf, expert_backend="te_ops")
     ids = torch.randint(0, cfg.vocab_size, (2, 12))
     torch.testing.assert_close(model(ids).logits, hf(ids).logits, rtol=1e-4, atol=1e-4)
 
@@ -194,7 +195,7 @@ def test_fp8_precision_needs_te_on_a_gpu_and_te_experts():
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
     with pytest.raises(ValueError, match="NVIDIA H200.*cannot run MXFP8BlockScaling"):
         model.set_precision("MXFP8BlockScaling", capabilities=hopper)
-    assert model.set_precision("bf16").precision is None
+    assert model.set_precision("bf16").precision is recipes.BF16
 
 
 def test_te_ops_require_fused_option_is_kept():
@@ -205,14 +206,13 @@ def test_te_ops_require_fused_option_is_kept():
 
 
 def test_te_ops_with_block_scaling_is_refused_on_hopper():
-    from moe_tutorial.moe.model import _check_backend_runs_recipe
-    from moe_tutorial.precision.recipes import recipe_for
+    from moe_tutorial.precision.recipes import check_backend_runs, recipe_for
 
     hopper = hardware.evaluate(hardware.fake_environment("hopper"))
     block = recipe_for(hopper, "Float8BlockScaling")
     with pytest.raises(ValueError, match="no cuBLAS GEMM algorithm on NVIDIA H200"):
-        _check_backend_runs_recipe("te_ops", block, hopper)
-    _check_backend_runs_recipe("te_grouped_linear", block, hopper)  # this one works
+        check_backend_runs("te_ops", block, hopper)
+    check_backend_runs("te_grouped_linear", block, hopper)  # this one works
 
 
 @pytest.mark.parametrize("backend, options, recipe, rows", [

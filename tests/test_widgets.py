@@ -230,39 +230,56 @@ def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, 
     assert redraws >= 1 and "live False" in outputs[-1]["text"]  # it drew live, then closed
 
 
-def test_a_headless_prediction_answers_its_default_and_is_graded(capsys):
-    guess = widgets.predict("Will FP8 be faster at hidden 128?", ["yes", "no"], default="yes")
-    assert "Predict: Will FP8 be faster at hidden 128? (yes / no)" in capsys.readouterr().out
+def test_a_headless_prediction_stays_unanswered_and_still_shows_the_measurement(capsys):
+    guess = widgets.predict("Will FP8 be faster at hidden 128?", ["yes", "no"])
+    out = capsys.readouterr().out
+    assert "Predict: Will FP8 be faster at hidden 128? (yes / no)" in out
+    assert "unanswered" in out and guess.answer is None
     guess.grade("no", "FP8 2.0 ms, bf16 1.5 ms.")
-    assert guess.right is False
-    assert capsys.readouterr().out == ("✗ Not this time: you predicted 'yes', the measurement says "
-                                       "'no'. FP8 2.0 ms, bf16 1.5 ms.\n")
-    rows = widgets.predict("Padding rows at alignment 32?", range(0, 129), default=64)
-    rows.grade(60, "", tolerance=4)
-    assert rows.right is True
-    rows.grade(40, "")
-    assert rows.right is False
+    assert guess.right is None and guess.verdict == "not answered yet"
+    assert capsys.readouterr().out == ("– Not answered yet: the measurement says 'no'. "
+                                       "FP8 2.0 ms, bf16 1.5 ms.\n")
+    rows = widgets.predict("Padding rows at alignment 32?", range(0, 129))
+    rows.grade(60, "")
+    assert rows.right is None and "Not answered yet" in capsys.readouterr().out
     with pytest.raises(RuntimeError, match="grade"):
-        widgets.predict("Ungraded?", ["yes", "no"], default="no").right
+        widgets.predict("Ungraded?", ["yes", "no"]).right
 
 
-def test_a_live_prediction_regrades_when_the_answer_changes(monkeypatch):
+def test_a_prediction_has_no_default_answer():
+    with pytest.raises(TypeError, match="default"):
+        widgets.predict("?", ["yes", "no"], default="yes")
+
+
+def test_a_live_prediction_starts_unanswered_and_regrades_when_answered(monkeypatch):
     pytest.importorskip("ipywidgets")
     shown = []
     monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
     monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
-    guess = widgets.predict("Faster?", ["yes", "no"], default="yes")
+    guess = widgets.predict("Faster?", ["yes", "no"])
+    assert guess._widget.value is None and guess.answer is None  # no button pressed
     guess.grade("no", "measured.")
+    assert guess.right is None and "Not answered yet" in shown[-1].value
+    assert "the measurement says &#x27;no&#x27;. measured." in shown[-1].value
+    guess._widget.value = "yes"  # the learner clicks after the measurement ran
     assert guess.right is False and "Not this time" in shown[-1].value
-    guess._widget.value = "no"  # the learner clicks after the measurement ran
-    assert "✓ Right" in shown[-1].value
+    assert guess.verdict == "not this time"
+    guess._widget.value = "no"
+    assert "✓ Right" in shown[-1].value and guess.verdict == "right"
+    rows = widgets.predict("Rows?", range(0, 129, 32))
+    assert rows._widget.value is None and list(rows._widget.options) == [0, 32, 64, 96, 128]
+    rows.grade(60, "", tolerance=4)
+    assert rows.right is None
+    rows._widget.value = 64
+    assert rows.right is True and "✓ Right" in shown[-1].value
+    rows._widget.value = 32
+    assert rows.right is False
 
 
-@pytest.mark.parametrize("choices, default", [(["yes", "no"], "maybe"), (["only"], "only"),
-                                              (range(0, 10), 12)])
-def test_a_prediction_needs_a_default_among_its_choices(choices, default):
-    with pytest.raises(ValueError, match=repr(default)):
-        widgets.predict("?", choices, default)
+@pytest.mark.parametrize("choices", [["only"], ["yes", "yes"], range(0, 1)])
+def test_a_prediction_needs_two_distinct_choices(choices):
+    with pytest.raises(ValueError, match="two or more"):
+        widgets.predict("?", choices)
 
 
 # --- the routing-skew explorer ---------------------------------------------------------------

@@ -39,8 +39,10 @@ def test_every_link_between_chapters_exercises_and_solutions_works_in_the_worksp
     for notebook in sorted(work.rglob("*.ipynb")):
         for target in relative_links(notebook):
             resolved = (notebook.parent / target).resolve()
-            if resolved.relative_to(work.resolve()).parts[0] not in workspace.COPIED_FOLDERS:
-                continue  # outside the course's folders (the repository's README)
+            inside = resolved.relative_to(work.resolve())
+            if (inside.parts[0] not in workspace.COPIED_FOLDERS
+                    and inside.as_posix() not in workspace.COPIED_FILES):
+                continue  # outside what is copied (the repository's README)
             followed.add((notebook.relative_to(work).as_posix(),
                           resolved.relative_to(work.resolve()).as_posix()))
             if not resolved.is_file():
@@ -50,6 +52,28 @@ def test_every_link_between_chapters_exercises_and_solutions_works_in_the_worksp
         chapter = next(name for name in copied["notebooks"] if name[:2] == exercise[:2])
         assert (f"notebooks/{chapter}", f"exercises/{exercise}") in followed
         assert (f"exercises/{exercise}", f"notebooks/{chapter}") in followed
+
+
+GLOSSARY_LINK = re.compile(r"\]\(\.\./docs/glossary\.md#([^)\s]+)\)")
+
+
+def test_the_glossary_and_every_link_into_it_work_in_the_workspace(tmp_path):
+    """A notebook links a term as `[term](../docs/glossary.md#anchor)`: the glossary is copied
+    into the workspace beside the notebooks, and every linked anchor is in it."""
+    work = workspace.prepare_workspace(workspace=tmp_path / "work")
+    glossary = work / "docs" / "glossary.md"
+    assert glossary.read_bytes() == (ROOT / "docs" / "glossary.md").read_bytes()
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', glossary.read_text()))
+    assert anchors
+    # What a chapter writes, followed from where the learner opens it
+    assert (work / "notebooks" / "../docs/glossary.md").resolve() == glossary.resolve()
+    missing = []
+    for notebook in sorted(work.rglob("*.ipynb")):
+        text = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]
+                         if c["cell_type"] == "markdown")
+        missing += [f"{notebook.relative_to(work)} -> #{anchor}"
+                    for anchor in GLOSSARY_LINK.findall(text) if anchor not in anchors]
+    assert not missing, missing
 
 
 def test_the_notebooks_read_no_path_relative_to_where_they_run():

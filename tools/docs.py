@@ -23,6 +23,9 @@ each with the file it was published in. The output is a function of the committe
 The README's chapter table is rendered too: each chapter's reading time is estimated from the
 chapter notebook's words and code (`reading_minutes`), its run time is the one measured by a
 headless run of the course (`python -m moe_tutorial run`, recorded with `docs --record-run`).
+Each chapter's header states the same two times: a `chapter-time` region in the first markdown
+cell of a notebook under `notebooks/` is rendered in place (a notebook without one is left
+alone), and `--check` fails where it disagrees.
 """
 
 from __future__ import annotations
@@ -520,45 +523,44 @@ def h200_speed_of_light() -> str:
         + _table(["part", *variants], ["---"] + ["---:"] * len(variants), rows))
 
 
-# AdamW stepped in the backward pass (`train.StepInBackward`), one file per way of running it
-COMPILED_STEP_IN_BACKWARD_RUN = "h200_compiled_step_in_backward.json"
-STEP_IN_BACKWARD_RUNS = (("h200_step_in_backward_same_stream.json",
-                          "on the backward pass's own stream"),
-                         ("h200_step_in_backward_side_stream.json",
-                          "on a side stream (`overlap=True`, the default)"),
-                         (COMPILED_STEP_IN_BACKWARD_RUN,
-                          "compiled, a layer's group at a time, on a side stream "
-                          "(`compiled=True`)"))
+# Measured and not adopted: the suffix of its variants' names in the committed runs (each beside
+# its base variant, the name without it), what it changed, and the last commit whose package has
+# its code (`git show <commit>:moe_tutorial/train/loop.py`)
+NOT_ADOPTED = (("_step_in_backward", "AdamW stepped in the backward pass", "a777de2"),)
 
 
-def h200_step_in_backward() -> str:
-    """Each variant with and without AdamW stepped in the backward pass, per committed run."""
-    from moe_tutorial.perf.bench import row_precision
+def not_adopted() -> str:
+    """Each candidate measured and not adopted, with the commit its code is kept at, beside its
+    base variant in every committed run that timed both (`bench.committed_train_runs`)."""
+    from moe_tutorial.perf.bench import committed_train_runs, row_precision
 
-    rows = []
-    for name, how in STEP_IN_BACKWARD_RUNS:
-        train = _train_rows(_load(name))
-        for variant, r in train.items():
-            early = train.get(f"{variant}_step_in_backward")
-            if early is None:
-                continue
-            rows.append([how, f"{_train_label(variant)}, {row_precision(r).replace('fp8', 'FP8')}",
-                         f"{r['median_ms']:.1f} → {early['median_ms']:.1f}",
-                         f"{r['median_ms'] / early['median_ms']:.3f}×",
-                         f"{r['peak_memory_gb']:.1f} → {early['peak_memory_gb']:.1f}", _link(name)])
-    return _table(["AdamW stepped", "variant", "ms/step: after → in the backward pass",
-                   "speedup", "peak GiB", "run"], ["---", "---", "---:", "---:", "---:", "---"],
-                  rows)
+    parts = []
+    for suffix, what, commit in NOT_ADOPTED:
+        rows = []
+        for run, report in committed_train_runs():
+            train = {name: r for name, r in _train_rows(report).items() if r.get("status") == "ok"}
+            for name, r in train.items():
+                base = train.get(name.removesuffix(suffix))
+                if not name.endswith(suffix) or base is None:
+                    continue
+                rows.append([f"{_train_label(base['variant'])}, "
+                             f"{row_precision(base).replace('fp8', 'FP8')}",
+                             f"{base['median_ms']:.1f} → {r['median_ms']:.1f}",
+                             f"{base['median_ms'] / r['median_ms']:.3f}×",
+                             f"{base['peak_memory_gb']:.1f} → {r['peak_memory_gb']:.1f}",
+                             _link(run.removeprefix(RESULTS_LINK + "/"))])
+        parts.append(f"{what} (its code: commit `{commit}`):\n\n" + _table(
+            ["variant", "ms/step: without → with it", "speedup", "peak GiB", "run"],
+            ["---", "---:", "---:", "---:", "---"], rows))
+    return "\n\n".join(parts)
 
 
 def h200_compiled_candidates() -> str:
     """The torch.compile candidates, each beside its base variant in the same run,
     per committed run; then both together against the compiled HF step and the targets."""
-    from moe_tutorial.perf.bench import VARIANTS, committed_candidate_gains
+    from moe_tutorial.perf.bench import committed_candidate_gains
 
-    gains = [gain for gain in committed_candidate_gains()
-             if (VARIANTS[gain["variant"]].compiled_loss or VARIANTS[gain["variant"]].compiled_adamw)
-             and not VARIANTS[gain["variant"]].step_in_backward]  # those: h200_step_in_backward
+    gains = committed_candidate_gains()
     rows = [[gain["technique"], f"{_train_label(gain['base'])}, "
              f"{gain['precision'].replace('fp8', 'FP8')}",
              f"{gain['base_ms']:.1f} → {gain['ms']:.1f}", f"{gain['speedup']:.3f}×",
@@ -645,39 +647,6 @@ def h200_idle_gaps() -> str:
         + f". So {verdict}.")
 
 
-# `python -m moe_tutorial idle-gaps` of the compiled AdamW stepped in the backward pass
-STEP_IN_BACKWARD_IDLE_RUN = "h200_idle_gaps_compiled_step_in_backward.json"
-
-
-def h200_compiled_step_in_backward_idle() -> str:
-    """The compiled step-in-backward FP8 step profiled in a process of its own, beside the
-    compiled FP8 step of the committed idle-gaps run: where its idle time went, and how far its
-    step time moves between processes."""
-    from moe_tutorial.perf.idle_gaps import IdleGaps
-
-    name, base = "ours_te_ops_fp8_compiled_step_in_backward", "ours_te_ops_fp8_compiled"
-    run, reference = _load(STEP_IN_BACKWARD_IDLE_RUN), _load(IDLE_GAPS_RUN)
-    early, after = run["variants"][name], reference["variants"][base]
-    g, b = IdleGaps.from_dict(early["gaps"]), IdleGaps.from_dict(after["gaps"])
-    bench_run = _train_rows(_load(COMPILED_STEP_IN_BACKWARD_RUN))
-    between_processes = abs(early["median_ms"] - bench_run[name]["median_ms"])
-    between_variants = abs(bench_run[name]["median_ms"] - bench_run[base]["median_ms"])
-    busy = ("does not shrink" if g.busy_ms >= b.busy_ms else
-            f"shrinks by {b.busy_ms - g.busy_ms:.1f} ms")
-    spread = ("more" if between_processes > between_variants else "less")
-    fill = "do fill" if g.idle_ms < b.idle_ms else "do not fill"
-    return (
-        f"Profiled in a process of its own ({_link(STEP_IN_BACKWARD_IDLE_RUN)}), `{name}` "
-        f"ran {early['median_ms']:.1f} ms per step unprofiled, against "
-        f"{bench_run[name]['median_ms']:.1f} ms in the benchmark run above; the GPU was idle "
-        f"{g.idle_ms:.1f} ms per profiled step and busy {g.busy_ms:.1f}, against "
-        f"{b.idle_ms:.1f} and {b.busy_ms:.1f} for `{base}` ({_link(IDLE_GAPS_RUN)}, "
-        f"{after['median_ms']:.1f} ms unprofiled). The updates on the side stream {fill} the "
-        f"time the GPU waited for the host, yet the GPU's busy time {busy}, and the unprofiled "
-        f"step moves by {spread} between processes ({between_processes:.1f} ms) than between "
-        f"the two variants of one run ({between_variants:.1f} ms).")
-
-
 def _profile_ms(text: str, name: str) -> float:
     """CUDA total of one row of torch.profiler's table, in ms."""
     for line in text.splitlines():
@@ -734,29 +703,27 @@ def h200_profile() -> str:
         f"backward pass and FP8 copies of gradients during it.")
 
 
-# The training-step history: each change and the result file measured right after it, oldest
-# first (the first full run's file was overwritten: it is in git history only, at 5cbb447).
-HISTORY = [
-    ("h200_fused_norm_loss.json",
-     "RMSNorm as one kernel (`F.rms_norm`), the loss's gradient computed in the forward pass"),
-    ("h200_cudnn_attention_rope.json",
-     "cuDNN attention, TE fused RoPE, q/k/v as one FP8 `te.Linear`, `log_softmax` in the loss"),
-    ("h200_mfu_peaks.json",
-     "the same step re-measured with the MFU peaks of both precisions (no step change)"),
-    ("h200.json", "the ladder re-measured, then the loss and AdamW compiled by `torch.compile` "
-                  "after it (`*_compiled` rows; the FP8 column is still the ladder's step, the "
-                  "ratio the run's best step)"),
-]
-
-
 def h200_history() -> str:
+    """The FP8 te.ops step of every committed one-H200 run of the ladder
+    (`bench.committed_train_runs`), oldest first, beside HF eager and the run's fastest step."""
+    from moe_tutorial.perf.bench import committed_train_runs, row_precision
+
     rows = []
-    for name, change in HISTORY:
-        report = _load(name)
-        rows.append([change, f"{_train_rows(report)['ours_te_ops_fp8']['median_ms']:.1f}",
-                     f"{report['summary']['train_step_speedup_vs_hf_eager']:.2f}×", _link(name)])
-    return _table(["change", "te.ops FP8 ms/step", "vs HF eager, same run", "result file"],
-                  ["---", "---:", "---:", "---"], rows)
+    for run, report in committed_train_runs():
+        train, env = _train_rows(report), report["environment"]
+        best = (report.get("summary") or {}).get("train_step_best_variant")
+        if "H200" not in (env.get("gpu") or "") or best is None or not {
+                "ours_te_ops_fp8", "hf_eager"} <= train.keys():
+            continue
+        eager_ms = train["hf_eager"]["median_ms"]
+        rows.append([env["date"].split()[0], f"{train['ours_te_ops_fp8']['median_ms']:.1f}",
+                     f"{eager_ms / train['ours_te_ops_fp8']['median_ms']:.2f}×",
+                     f"{_train_label(best)}, {row_precision(train[best]).replace('fp8', 'FP8')}: "
+                     f"{eager_ms / train[best]['median_ms']:.2f}×",
+                     _link(run.removeprefix(RESULTS_LINK + "/"))])
+    return _table(["run", "te.ops FP8 ms/step", "vs HF eager, same run",
+                   "the run's fastest step vs HF eager", "result file"],
+                  ["---", "---:", "---:", "---", "---"], rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1168,7 +1135,14 @@ CHAPTER_LESSONS = {
                           "and what each GPU holds under data vs expert parallelism.",
     "08_your_model": "Your own MoE (Qwen3-MoE, OLMoE, DeepSeek-V3 or your config.json): "
                      "analysed, converted from transformers, trained.",
+    "09_deep_dive": "Optional, after the chapters: speed-of-light floors, idle gaps, the compiled "
+                    "and in-backward optimizers, and the history of the H200 runs.",
 }
+# Notebooks the table lists but its totals leave out: read them or not, the course is complete.
+OPTIONAL_NOTEBOOKS = {"09_deep_dive"}
+# The generated region of each chapter's header (the first markdown cell of its notebook): the
+# chapter's reading time and its run time, as the README's table states them.
+CHAPTER_TIME = "chapter-time"
 # Reading speeds behind `reading_minutes`: prose at a careful technical pace, code slower, a
 # line read and understood at a time.
 PROSE_WORDS_PER_MINUTE = 200
@@ -1177,19 +1151,21 @@ COURSE_RUN = "cpu_course_small.json"  # the run the README's chapter table quote
 _WORD = re.compile(r"[^\W_][\w'’.-]*")
 
 
-def chapter_notebooks() -> list[Path]:
-    return sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+def chapter_notebooks(folder: Path | None = None) -> list[Path]:
+    """The course's notebooks (`NN_*.ipynb`) in `folder` (default: this checkout's), in order."""
+    return sorted((folder or NOTEBOOKS).glob("[0-9][0-9]_*.ipynb"))
 
 
 def reading_minutes(notebook: Path) -> int:
     """Minutes to read a chapter: its markdown's words at `PROSE_WORDS_PER_MINUTE` plus its code
     lines (neither blank nor only a comment) at `CODE_LINES_PER_MINUTE`, rounded up to 5
-    minutes (an estimate, and a rounding that small edits do not move)."""
+    minutes (an estimate, and a rounding that small edits do not move). Generated regions do
+    not count: the time they state must not move the time they state."""
     words = lines = 0
     for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
-            words += len(_WORD.findall(source))
+            words += len(_WORD.findall(_REGION.sub("", source)))
         elif cell["cell_type"] == "code":
             lines += sum(1 for line in source.splitlines()
                          if line.strip() and not line.strip().startswith("#"))
@@ -1214,22 +1190,26 @@ def chapter_times() -> str:
     in the committed headless run, then the totals and where they come from."""
     run = _load(COURSE_RUN)
     seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
-    rows, reading = [], 0
-    for notebook in chapter_notebooks():
+    def row(notebook: Path) -> list[str]:
         name = notebook.stem
         if name not in CHAPTER_LESSONS:
             raise DocsError(f"chapter {name} has no sentence in docs.CHAPTER_LESSONS: add what "
                             "it teaches there")
-        minutes = reading_minutes(notebook)
-        reading += minutes
         ran = _duration(seconds[name]) if name in seconds else "not measured yet"
-        rows.append([f"[{name}](notebooks/{notebook.name})", CHAPTER_LESSONS[name],
-                     f"{minutes} min", ran])
+        return [f"[{name}](notebooks/{notebook.name})", CHAPTER_LESSONS[name],
+                f"{reading_minutes(notebook)} min", ran]
+
+    # The optional notebooks come after the total, which counts the chapters only.
+    counted = [n for n in chapter_notebooks() if n.stem not in OPTIONAL_NOTEBOOKS]
+    optional = [n for n in chapter_notebooks() if n.stem in OPTIONAL_NOTEBOOKS]
+    rows = [row(notebook) for notebook in counted]
+    reading = sum(reading_minutes(notebook) for notebook in counted)
     env = run["environment"]
-    total = sum(seconds.get(n.stem, 0.0) for n in chapter_notebooks())
-    unmeasured = any(n.stem not in seconds for n in chapter_notebooks())
+    total = sum(seconds.get(n.stem, 0.0) for n in counted)
+    unmeasured = any(n.stem not in seconds for n in counted)
     rows.append(["**in all**", "each chapter's exercise comes on top", f"**{_hours(reading)}**",
                  f"**{_duration(total)}**" + (" and the chapters not measured" * unmeasured)])
+    rows += [row(notebook) for notebook in optional]
     note = f" {run['note']}" if run.get("note") else ""
     return (_table(["chapter", "you learn", "reading", f"run ({run['mode']} mode)"],
                    ["---", "---", "---:", "---:"], rows)
@@ -1238,6 +1218,62 @@ def chapter_times() -> str:
             f"`python -m moe_tutorial run` (what `make course` runs) in {run['mode']} mode on "
             f"{env['cpu_count']} CPU cores ({env['cpu_model']}, torch {env['torch']}, "
             f"{env['date'][:10]}): {_link(COURSE_RUN)}{_shared(run, env)}.{note}")
+
+
+def chapter_time(notebook: Path) -> str:
+    """A chapter header's line: its reading time and its run time in the committed headless run
+    (the numbers of the README's chapter table)."""
+    run = _load(COURSE_RUN)
+    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    env = run["environment"]
+    machine = (f"{env['cpu_count']} CPU cores" if env["gpu"] is None
+               else f"{env['gpu_count']} × {env['gpu']}")
+    ran = (f"{_duration(seconds[notebook.stem])}, measured by `make course` "
+           f"(`{RESULTS_LINK}/{COURSE_RUN}`)" if notebook.stem in seconds
+           else "not measured yet")
+    return (f"*Reading: about {reading_minutes(notebook)} min · run ({run['mode']} mode, "
+            f"{machine}): {ran}*")
+
+
+def _header_region(path: Path, text: str) -> tuple[int, int] | None:
+    """The lines of the notebook's JSON `text` between its first markdown cell's chapter-time
+    markers, as (first, end) line indices; None when that cell has no such region. Each line of
+    a cell's source is one JSON string on one line of the file, so the region is rewritten in
+    place and the rest of the file keeps its layout byte for byte."""
+    try:
+        cells = json.loads(text)["cells"]
+    except (ValueError, KeyError, TypeError):
+        raise DocsError(f"{path}: not a notebook's JSON; restore it from git") from None
+    header = next((c for c in cells if c.get("cell_type") == "markdown"), None)
+    source = "".join(header["source"]) if header else ""
+    markers = [m[1] for m in _MARKER.finditer(source) if m[2] == CHAPTER_TIME]
+    if not markers:
+        return None
+    if markers != ["BEGIN", "END"] or not any(m["name"] == CHAPTER_TIME
+                                             for m in _REGION.finditer(source)):
+        raise DocsError(f"{path}: the first markdown cell's {CHAPTER_TIME} markers do not pair "
+                        f"up; write them as two lines, {_block(CHAPTER_TIME, '')!r}")
+    lines = text.split("\n")
+    begin = [i for i, line in enumerate(lines)
+             if f"<!-- BEGIN generated: {CHAPTER_TIME} " in line]
+    end = [i for i, line in enumerate(lines) if f"<!-- END generated: {CHAPTER_TIME} " in line]
+    if len(begin) != 1 or len(end) != 1 or not begin[0] < end[0]:
+        raise DocsError(f"{path}: the {CHAPTER_TIME} markers must each be one line of the first "
+                        "markdown cell, and only there")
+    return begin[0] + 1, end[0]
+
+
+def render_chapter_time(path: Path, text: str) -> str:
+    """The notebook's JSON `text` with its header's chapter-time region rewritten (unchanged
+    when it has none)."""
+    span = _header_region(path, text)
+    if span is None:
+        return text
+    lines = text.split("\n")
+    indent = re.match(r"\s*", lines[span[1]])[0]
+    body = [f"{indent}{json.dumps(line + chr(10), ensure_ascii=False)},"
+            for line in chapter_time(path).splitlines()]
+    return "\n".join(lines[:span[0]] + body + lines[span[1]:])
 
 
 def _shared(run: dict, env: dict) -> str:
@@ -1410,10 +1446,9 @@ def regions() -> dict[str, Callable[[], str]]:
         "h200-train-step": h200_train_step,
         "h200-targets": h200_targets,
         "h200-speed-of-light": h200_speed_of_light,
-        "h200-step-in-backward": h200_step_in_backward,
+        "not-adopted": not_adopted,
         "h200-compiled-candidates": h200_compiled_candidates,
         "h200-idle-gaps": h200_idle_gaps,
-        "h200-compiled-step-in-backward-idle": h200_compiled_step_in_backward_idle,
         "published-recipe": published_recipe,
         "h200-profile": h200_profile,
         "h200-history": h200_history,
@@ -1501,7 +1536,16 @@ def _rendered(root: Path) -> dict[str, tuple[str, str]]:
     chart = root / CHART
     out[CHART] = (chart.read_text(encoding="utf-8") if chart.exists() else "",
                   train_step_chart())
+    for notebook in chapter_notebooks(root / NOTEBOOKS.name):
+        text = notebook.read_text(encoding="utf-8")
+        out[f"{NOTEBOOKS.name}/{notebook.name}"] = (text, render_chapter_time(notebook, text))
     return out
+
+
+def _header(text: str) -> str:
+    """A notebook's first markdown cell, from its JSON."""
+    cells = json.loads(text)["cells"]
+    return next(("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"), "")
 
 
 def check(root: str | Path = ROOT, max_lines: int = 12) -> list[str]:
@@ -1514,6 +1558,8 @@ def check(root: str | Path = ROOT, max_lines: int = 12) -> list[str]:
                 problems.append(f"{doc} " + ("is missing" if not current else
                                             "differs from what h200.json draws"))
             continue
+        if doc.endswith(".ipynb"):
+            current, wanted = _header(current), _header(wanted)
         now = {m["name"]: m["body"] for m in _REGION.finditer(current)}
         for m in _REGION.finditer(wanted):
             name, body = m["name"], m["body"]

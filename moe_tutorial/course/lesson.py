@@ -35,7 +35,8 @@ class Setup:
         return self.values[name]
 
 
-def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, **parameters) -> Setup:
+def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, *,
+          live: bool | None = None, **parameters) -> Setup:
     """Resolve a notebook's `parameters` cell. The mode: `mode`, else $MOE_TUTORIAL_MODE, else
     full on a GPU and small otherwise (`config.course_mode`). The device: `device`, else cuda
     when available, else cpu. Each size: its parameter, or where that is left empty (0, "", [],
@@ -44,12 +45,16 @@ def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, **par
 
     Every value is checked as its command-line flag is, naming where it came from (the notebook's
     parameter, or the environment variable the `parameters` cell read it from): the mode, the
-    device (`hardware.check_device`), $MOE_TUTORIAL_LIVE, and each size against the type of its
-    default (a count an integer >= 1, a list a list, a name a string)."""
+    device (`hardware.check_device`), $MOE_TUTORIAL_LIVE and the notebook's `live` (its LIVE
+    parameter, True or False as the command line's --live switch), and each size against the
+    type of its default (a count an integer >= 1, a list a list, a name a string)."""
     mode = course_mode(mode or None, name=_named(mode, MODE_ENV, "MODE"))
     if device:
         check_device(device, _named(device, DEVICE_ENV, "DEVICE"))
     check_live_setting()
+    if live is not None and not isinstance(live, bool):
+        raise ValueError(f"parameter LIVE={live!r} is not True or False (the notebook's --live); "
+                         f"set LIVE = True to draw the live widgets, or False to draw them once")
     defaults = defaults or {m: {} for m in COURSE_MODES}
     if sorted(defaults) != sorted(COURSE_MODES):
         raise ValueError(f"defaults has modes {sorted(defaults)}; "
@@ -75,20 +80,28 @@ def _named(value: str, env: str, parameter: str) -> str:
 
 
 def _check_size(name: str, value, defaults: list, mode: str) -> None:
-    """`value` has the kind of the size's default (the first of `defaults` that is not empty): an
-    integer >= 1 for a count, a list of such for a list, a string for a name."""
+    problem = size_problem(value, defaults)
+    if problem:
+        wrong, example = problem
+        raise ValueError(f"{name}={value!r} {wrong}; give e.g. {example!r}, or 0 / empty for the "
+                         f"{mode} mode's default {defaults[0]!r}")
+
+
+def size_problem(value, defaults: list) -> tuple[str, object] | None:
+    """What is wrong with `value` as a size whose defaults (the mode's first) are `defaults`, and
+    an example of a right value; None when it fits. It has the kind of the first default that is
+    not empty: an integer >= 1 for a count, a list of such for a list, a string for a name.
+    (The runner applies this to `-p` values before any notebook starts.)"""
     example = next((d for d in defaults if d not in (None, [], "")), None)
     if example is None or isinstance(example, bool):
-        return
+        return None
     if isinstance(example, (list, tuple)):
         wrong = ("must be a list" if not isinstance(value, (list, tuple)) else
                  next((f"holds {item!r}, which {_kind_error(item, example[0])}" for item in value
                        if _kind_error(item, example[0])), None))
     else:
         wrong = _kind_error(value, example)
-    if wrong:
-        raise ValueError(f"{name}={value!r} {wrong}; give e.g. {example!r}, or 0 / empty for the "
-                         f"{mode} mode's default {defaults[0]!r}")
+    return (wrong, example) if wrong else None
 
 
 def _kind_error(value, example) -> str | None:

@@ -22,7 +22,10 @@ solutions/, the package): a run never overwrites results or sources. `--replace`
 folder of an earlier run instead: it removes the files that run wrote, as listed in its
 `.moe-tutorial-run.json` (report first), and nothing else. `-p NAME=VALUE` sets a parameter the
 selected notebooks' `parameters` cells define; MODE, LIVE and DEVICE come from --mode, --live
-and --device only. Bad inputs are refused before anything runs, with one line.
+and --device only. Bad inputs are refused before anything runs, with one line: a parameter of
+another kind than its default, or a size the notebook's `lesson.setup` would refuse (STEPS=-3).
+The Python API (`run_course`, `prepare_run`, `build_exercises`) names its own arguments in
+these messages (`replace=True`), the command line its flags (`--replace`).
 
 Widgets: headless nobody watches a live dashboard, so the runner passes `LIVE=False` and
 `MOE_TUTORIAL_LIVE=0` (`--live` draws them anyway, e.g. to test them), and papermill runs with
@@ -98,6 +101,7 @@ from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
 from ..precision.hardware import DEVICE_ENV, capabilities
 from ..precision.hardware import check_device as check
 from ..safe_io import LOCK_NAME, FolderBusy, WriteFailed, hold_folder, write_text
+from .lesson import size_problem
 
 NOTEBOOK_GLOB = "[0-9][0-9]_*.ipynb"
 CLOSING_TAG = "closing"
@@ -285,9 +289,58 @@ class RunError(ValueError):
     """A run the runner refuses to start (the message says what is wrong and how to fix it)."""
 
 
-# Parameters the runner sets itself, each from one command-line flag (one source of truth: a
+@dataclass(frozen=True)
+class InputNames:
+    """How a run's messages name its inputs: the Python API by its arguments (`PYTHON_API`), the
+    command line by its flags (`COMMAND_LINE`), so that each message names the fix in the words
+    of whoever called."""
+
+    notebooks: str
+    out: str
+    mode: str
+    device: str
+    live: str
+    cell_timeout: str
+    replace: str
+    parameters: str
+    solutions: str  # the builder's inputs
+    exercises: str
+    command_line: bool
+
+    def given(self, what: str, value) -> str:
+        """How `value` is given for the input `what`: `--out runs/mine` or `out_dir='runs/mine'`;
+        a switch as `--replace` or `replace=True`."""
+        name = getattr(self, what)
+        value = str(value) if isinstance(value, Path) else value
+        if self.command_line:
+            return name if value is True else f"{name} {value}"
+        return f"{name}={value!r}"
+
+    def build(self, replace: bool = False) -> str:
+        """How to run the build (again)."""
+        if self.command_line:
+            return f"`python -m moe_tutorial build{' --replace' if replace else ''}`"
+        return f"`build_exercises({'replace=True' if replace else ''})`"
+
+    def parameter(self, name: str, value) -> str:
+        """One injected parameter: `-p STEPS=-5` or `parameters={'STEPS': -5}`."""
+        return (f"-p {name}={value!r}" if self.command_line
+                else f"{self.parameters}={{{name!r}: {value!r}}}")
+
+
+PYTHON_API = InputNames(notebooks="notebooks", out="out_dir", mode="mode", device="device",
+                        live="live", cell_timeout="cell_timeout", replace="replace",
+                        parameters="parameters", solutions="solutions_dir",
+                        exercises="exercises_dir", command_line=False)
+COMMAND_LINE = InputNames(notebooks="--notebooks", out="--out", mode="--mode", device="--device",
+                          live="--live", cell_timeout="--cell-timeout", replace="--replace",
+                          parameters="-p", solutions="--solutions", exercises="--exercises",
+                          command_line=True)
+
+
+# Parameters the runner sets itself, each from one input of its own (one source of truth: a
 # `-p MODE=full` next to `--mode small` would run full under a report that says small).
-RUNNER_PARAMETERS = {"MODE": "--mode", "LIVE": "--live", "DEVICE": "--device"}
+RUNNER_PARAMETERS = {"MODE": "mode", "LIVE": "live", "DEVICE": "device"}
 # What a run folder holds besides its files: which of them the runner wrote, so that --replace
 # removes exactly those and nothing the learner put there.
 RUN_MANIFEST = ".moe-tutorial-run.json"
@@ -307,18 +360,25 @@ KINDS = {bool: "True or False", int: "an integer", float: "a number", str: "text
          list: "a list"}
 
 
-def parameter_defaults(notebook: Path) -> dict[str, object]:
-    """The names a notebook's `parameters` cell assigns (what papermill can override), each with
-    its default where that is a literal, else `COMPUTED`."""
+def _code_cells(notebook: Path, names: InputNames = PYTHON_API) -> list[dict]:
     try:
         nb = json.loads(notebook.read_text(encoding="utf-8"))
-        cells = nb["cells"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        cells = [c for c in nb["cells"] if c.get("cell_type") == "code"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError,
+            AttributeError) as exc:
         raise RunError(f"{notebook} is not a readable notebook ({type(exc).__name__}: {exc}); "
-                       "open it in Jupyter and save it again, or leave it out of --notebooks") from None
+                       f"open it in Jupyter and save it again, or leave it out of "
+                       f"{names.notebooks}") from None
+    return cells
+
+
+def parameter_defaults(notebook: Path, names: InputNames = PYTHON_API) -> dict[str, object]:
+    """The names a notebook's `parameters` cell assigns (what papermill can override), each with
+    its default where that is a literal, else `COMPUTED`."""
+    cells = _code_cells(notebook, names)
     defaults: dict[str, object] = {}
     for cell in cells:
-        if cell.get("cell_type") == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
             with contextlib.suppress(SyntaxError):
                 for node in ast.walk(ast.parse(_text(cell.get("source", "")))):
                     if isinstance(node, ast.Assign):
@@ -328,6 +388,16 @@ def parameter_defaults(notebook: Path) -> dict[str, object]:
                     elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                         defaults.setdefault(node.id, COMPUTED)
     return defaults
+
+
+def _literal_dicts(node: ast.AST) -> object:
+    """A literal, where a dict may also be written `dict(name=literal, ...)`."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"
+            and not node.args and all(kw.arg for kw in node.keywords)):
+        return {kw.arg: _literal_dicts(kw.value) for kw in node.keywords}
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        return {_literal(k): _literal_dicts(v) for k, v in zip(node.keys, node.values)}
+    return _literal(node)
 
 
 def _literal(node: ast.AST) -> object:
@@ -346,7 +416,53 @@ def _kind(value) -> type | None:
     return next((kind for kind in KINDS if isinstance(value, kind)), None)
 
 
-def check_parameter_kind(name: str, value, defaults: list) -> None:
+def size_parameters(notebook: Path) -> dict[str, tuple[str, dict]]:
+    """The parameters a notebook hands to `lesson.setup` as sizes: parameter name -> (the size's
+    name, the notebook's literal `DEFAULTS` by mode), read from its code without running it, so
+    that a run checks them (`lesson.size_problem`) before any notebook starts."""
+    defaults, sizes = None, {}
+    for cell in _code_cells(notebook):
+        try:
+            tree = ast.parse(_text(cell.get("source", "")))
+        except SyntaxError:  # IPython magics: not the cell that calls setup
+            continue
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                    and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "DEFAULTS"):
+                value = _literal_dicts(node.value)
+                defaults = value if isinstance(value, dict) else defaults
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id == "setup"):
+                sizes.update({kw.value.id: kw.arg for kw in node.keywords
+                              if kw.arg and isinstance(kw.value, ast.Name)})
+                sizes.update({kw.value.args[0].id: kw.arg for kw in node.keywords
+                              if kw.arg and isinstance(kw.value, ast.Call) and kw.value.args
+                              and isinstance(kw.value.args[0], ast.Name)})  # list(EXPERT_COUNTS)
+    if not isinstance(defaults, dict) or sorted(defaults) != sorted(COURSE_MODES):
+        return {}
+    return {param: (size, defaults) for param, size in sizes.items()
+            if all(isinstance(defaults[m], dict) and size in defaults[m] for m in COURSE_MODES)}
+
+
+def check_parameter_size(name: str, value, mode: str, notebooks: list[Path],
+                         names: InputNames = PYTHON_API) -> None:
+    """Refuse a parameter value `lesson.setup` would refuse inside the notebook (a count below 1,
+    a list of the wrong things), now, before any notebook runs."""
+    if value in (0, "", [], None) or isinstance(value, bool):
+        return  # empty: the mode's default, as setup reads it
+    for notebook in notebooks:
+        size, defaults = size_parameters(notebook).get(name, (None, None))
+        if size is None:
+            continue
+        problem = size_problem(value, [defaults[m][size] for m in (mode, *COURSE_MODES)])
+        if problem:
+            wrong, example = problem
+            raise RunError(f"{names.parameter(name, value)}: {name} {wrong} (in {notebook.name}); "
+                           f"give e.g. {names.parameter(name, example)}, or 0 / empty for the "
+                           f"{mode} mode's default {defaults[mode][size]!r}")
+
+
+def check_parameter_kind(name: str, value, defaults: list, names: InputNames = PYTHON_API) -> None:
     """Refuse a -p value of another kind than the parameter's literal default in the notebooks
     (where they agree on one): `-p STEPS=ten` would reach the notebook as text."""
     kinds = {_kind(d) for d in defaults if d is not COMPUTED and d is not None}
@@ -356,31 +472,42 @@ def check_parameter_kind(name: str, value, defaults: list) -> None:
     fits = _kind(value) is kind or (kind is float and _kind(value) is int)
     if not fits:
         example = next(d for d in defaults if _kind(d) is kind)
-        raise RunError(f"-p {name}={value!r}: {name} takes {KINDS[kind]}, like its default: "
-                       f"-p {name}={example!r}")
+        raise RunError(f"{names.parameter(name, value)}: {name} takes {KINDS[kind]}, like its "
+                       f"default: {names.parameter(name, example)}")
 
 
-def check_parameters(parameters: dict, notebooks: list[Path]) -> None:
-    """Refuse a parameter the runner sets from its own flag, one no selected notebook has (it
-    would be injected and silently ignored), or one of another kind than its default."""
+def check_parameters(parameters: dict, notebooks: list[Path], mode: str = "small",
+                     names: InputNames = PYTHON_API) -> None:
+    """Refuse a parameter the runner sets from its own input, one no selected notebook has (it
+    would be injected and silently ignored), one of another kind than its default, or a size
+    `lesson.setup` would refuse in `mode`."""
+    if not isinstance(parameters, dict) or not all(isinstance(n, str) for n in parameters):
+        raise RunError(f"{names.parameters} {parameters!r} is not a set of NAME=VALUE pairs; "
+                       f"give e.g. {names.parameter('SEED', 1)}")
     for name, value in parameters.items():
         if name in RUNNER_PARAMETERS:
-            flag = RUNNER_PARAMETERS[name]
-            use = (("use --live" if value else "leave --live out") if flag == "--live"
-                   else f"use {flag} {value}")
-            raise RunError(f"-p {name}={value!r}: {name} is set by {flag}, not by -p; "
-                           f"drop -p {name} and {use}")
-    defaults = [parameter_defaults(nb) for nb in notebooks]
+            own = RUNNER_PARAMETERS[name]
+            if names.command_line:
+                drop = f"drop -p {name} and " + (f"leave {names.live} out" if own == "live" and not value
+                                                 else f"use {names.given(own, value)}")
+            else:
+                drop = f"drop {name!r} from {names.parameters} and pass {names.given(own, value)}"
+            setter = getattr(names, own) if names.command_line else f"the argument {getattr(names, own)}"
+            raise RunError(f"{names.parameter(name, value)}: {name} is set by {setter}, "
+                           f"not by {names.parameters}; {drop}")
+    defaults = [parameter_defaults(nb, names) for nb in notebooks]
     known = set().union(*defaults) - set(RUNNER_PARAMETERS)
     unknown = sorted(set(parameters) - known)
     if unknown:
-        raise RunError(f"-p {unknown[0]}: no selected notebook has a parameter {unknown[0]!r}; "
-                       f"their parameters are {', '.join(sorted(known)) or 'none'}")
+        raise RunError(f"{names.parameter(unknown[0], parameters[unknown[0]])}: no selected "
+                       f"notebook has a parameter {unknown[0]!r}; their parameters are "
+                       f"{', '.join(sorted(known)) or 'none'}")
     for name, value in parameters.items():
-        check_parameter_kind(name, value, [d[name] for d in defaults if name in d])
+        check_parameter_kind(name, value, [d[name] for d in defaults if name in d], names)
+        check_parameter_size(name, value, mode, notebooks, names)
 
 
-def check_device(device: str, name: str = "--device") -> None:
+def check_device(device: str, name: str = "device") -> None:
     """Refuse a device the notebooks cannot run on here, before any of them starts
     (`hardware.check_device`, as a RunError)."""
     try:
@@ -389,27 +516,26 @@ def check_device(device: str, name: str = "--device") -> None:
         raise RunError(str(exc)) from None
 
 
-def check_out_dir(out_dir: Path, sources: list[Path] = ()) -> None:
+def check_out_dir(out_dir: Path, sources: list[Path] = (), names: InputNames = PYTHON_API) -> None:
     """Refuse an `out_dir` a run must never write into: inside the course's own folders, the
     folder of a notebook it runs, or a file."""
     out_dir = Path(out_dir)
     where = out_dir.resolve()
+    out, mine = names.given("out", out_dir), names.given("out", "runs/mine")
     for folder in source_folders(where):
         if where == folder or where.is_relative_to(folder):
-            raise RunError(f"--out {out_dir} is inside the course's own {folder.name}/ folder, "
-                           "which a run never writes into; give a folder of its own, "
-                           "e.g. --out runs/mine")
+            raise RunError(f"{out} is inside the course's own {folder.name}/ folder, "
+                           f"which a run never writes into; give a folder of its own, e.g. {mine}")
     for source in sources:
         if (where / source.name).resolve() == source.resolve():
-            raise RunError(f"--out {out_dir} would overwrite the notebook {source} it runs; "
-                           "give another folder, e.g. --out runs/mine")
+            raise RunError(f"{out} would overwrite the notebook {source} it runs; "
+                           f"give another folder, e.g. {mine}")
     if out_dir.exists() and not out_dir.is_dir():
-        raise RunError(f"--out {out_dir} is a file, not a folder; give a new folder, "
-                       "e.g. --out runs/mine")
+        raise RunError(f"{out} is a file, not a folder; give a new folder, e.g. {mine}")
 
 
 def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *,
-                    replace: bool = False) -> None:
+                    replace: bool = False, names: InputNames = PYTHON_API) -> None:
     """Make `out_dir` ready for a run that writes `files` (names in it), or refuse.
 
     A run writes into a new or empty folder outside the course's own folders (`check_out_dir`).
@@ -417,25 +543,26 @@ def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *
     manifest) are removed, its report first, so no old report outlives the notebooks it
     describes; nothing else is touched. The manifest of this run is written before any
     notebook. The folder's lock file (`safe_io.hold_folder`) is not a file of a run."""
-    check_out_dir(out_dir, sources)
+    check_out_dir(out_dir, sources, names)
     out_dir = Path(out_dir)
+    out, mine, again = names.given("out", out_dir), names.given("out", "runs/mine"), names.given("replace", True)
     present = sorted(p.name for p in out_dir.iterdir() if p.name != LOCK_NAME) if out_dir.is_dir() else []
     if present:
         manifest = out_dir / RUN_MANIFEST
         if not replace:
-            raise RunError(f"--out {out_dir} is not empty (it holds {', '.join(present[:3])}"
+            raise RunError(f"{out} is not empty (it holds {', '.join(present[:3])}"
                            f"{', ...' if len(present) > 3 else ''}); give a new folder, or add "
-                           "--replace to replace an earlier run there")
+                           f"{again} to replace an earlier run there")
         try:
             made = json.loads(manifest.read_text(encoding="utf-8"))["files"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError):
-            raise RunError(f"--out {out_dir} is not a folder this runner wrote (no readable "
-                           f"{RUN_MANIFEST}), so --replace leaves it alone; give a new folder, "
-                           "e.g. --out runs/mine") from None
+            raise RunError(f"{out} is not a folder this runner wrote (no readable "
+                           f"{RUN_MANIFEST}), so {again} leaves it alone; give a new folder, "
+                           f"e.g. {mine}") from None
         foreign = sorted(set(files) & (set(present) - set(made)))
         if foreign:
-            raise RunError(f"--out {out_dir} holds {foreign[0]}, which the runner did not write "
-                           "and --replace does not overwrite; move it away or give a new folder")
+            raise RunError(f"{out} holds {foreign[0]}, which the runner did not write "
+                           f"and {again} does not overwrite; move it away or give a new folder")
         # report.html first: a run stopped from here on leaves no report of the old run
         for name in sorted(made, key=lambda n: n != "report.html"):
             if Path(name).name == name:  # a plain name in this folder, never a path elsewhere
@@ -446,31 +573,37 @@ def prepare_out_dir(out_dir: Path, files: list[str], sources: list[Path] = (), *
             {"written_by": "python -m moe_tutorial run", "files": sorted(files)}, indent=1) + "\n",
             replace=True)
     except OSError as exc:
-        raise RunError(f"--out {out_dir} cannot be written ({exc.strerror or exc}); "
+        raise RunError(f"{out} cannot be written ({exc.strerror or exc}); "
                        "give a folder you can write to") from None
 
 
 def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None,
                 device: str | None = None, live: bool = False, cell_timeout: int | None = None,
-                parameters: dict | None = None, replace: bool = False) -> CourseRun:
+                parameters: dict | None = None, replace: bool = False,
+                names: InputNames = PYTHON_API) -> CourseRun:
     """Check a run's inputs and make its folder ready (`prepare_out_dir`); raise RunError (or
-    ValueError for the mode) before anything runs. `execute_run` runs what this returns."""
-    mode = course_mode(mode)
+    ValueError for the mode) before anything runs. `execute_run` runs what this returns.
+    `names`: how the messages name the inputs (the command line passes `COMMAND_LINE`)."""
+    mode = course_mode(mode, name=names.mode if names.command_line else f"argument {names.mode}")
     out_dir = Path(out_dir)
+    out = names.given("out", out_dir)
     if cell_timeout is not None and (isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int)
                                      or cell_timeout <= 0):
-        raise RunError(f"--cell-timeout {cell_timeout!r} is not a positive number of seconds; "
-                       f"give e.g. --cell-timeout {CELL_TIMEOUT_S[mode]}")
+        raise RunError(f"{names.given('cell_timeout', cell_timeout)} is not a positive number of "
+                       f"seconds; give e.g. {names.given('cell_timeout', CELL_TIMEOUT_S[mode])}")
+    if not isinstance(live, bool):  # the command line's switch is True or False, nothing else
+        raise RunError(f"{names.given('live', live)} is not True or False; pass "
+                       f"{names.given('live', True)} to draw the live widgets, or leave it out")
     if device:
-        check_device(device)
+        check_device(device, names.device)
     elif os.environ.get(DEVICE_ENV):  # what the notebooks' `parameters` cells read instead
         check_device(os.environ[DEVICE_ENV], f"${DEVICE_ENV}")
-    names = [nb.name for nb in notebooks]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    files = [nb.name for nb in notebooks]
+    twice = sorted({n for n in files if files.count(n) > 1})
     if twice:
         raise RunError(f"two selected notebooks are named {twice[0]}, and both would be written to "
                        f"{out_dir / twice[0]}; run them in separate runs")
-    check_parameters(parameters or {}, notebooks)
+    check_parameters({} if parameters is None else parameters, notebooks, mode, names)
     written = [name for nb in notebooks for name in (nb.name, nb.with_suffix(".html").name)]
     params = {"MODE": mode, "LIVE": bool(live)}
     if device:
@@ -479,19 +612,20 @@ def prepare_run(notebooks: list[Path], out_dir: Path, *, mode: str | None = None
     course = CourseRun(mode=mode, out_dir=out_dir, parameters=params,
                        cell_timeout=cell_timeout or CELL_TIMEOUT_S[mode])
     course.runs = [NotebookRun(nb.stem, nb, out_dir / nb.name) for nb in notebooks]
-    check_out_dir(out_dir, notebooks)  # refused before hold_folder would make the folder
+    check_out_dir(out_dir, notebooks, names)  # refused before hold_folder would make the folder
     try:
         # One run per folder, from here until execute_run ends: a second run would remove
         # this one's files (--replace) or mix its notebooks with them.
         course.holding.enter_context(hold_folder(out_dir, "course run"))
     except FolderBusy as exc:
-        raise RunError(f"--out {out_dir}: {exc}") from None
+        raise RunError(f"{out}: {exc}") from None
     except WriteFailed as exc:
-        raise RunError(f"--out {out_dir} cannot be written "
+        raise RunError(f"{out} cannot be written "
                        f"({os.strerror(exc.errno) if exc.errno else exc}); "
                        "give a folder you can write to") from None
     try:
-        prepare_out_dir(out_dir, written + [PLOTLY_JS, "report.html"], notebooks, replace=replace)
+        prepare_out_dir(out_dir, written + [PLOTLY_JS, "report.html"], notebooks, replace=replace,
+                        names=names)
     except BaseException:
         course.release()
         raise
@@ -967,7 +1101,7 @@ def _run_command(args: argparse.Namespace) -> int:
     try:
         course = prepare_run(notebooks, out, mode=mode, device=args.device, live=args.live,
                              cell_timeout=args.cell_timeout, parameters=dict(args.param),
-                             replace=args.replace)
+                             replace=args.replace, names=COMMAND_LINE)
     except RunError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -1173,49 +1307,53 @@ def _differing_cells(old_text: str, new_text: str) -> str:
     return "; ".join(parts)
 
 
-def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set[str]) -> None:
+def _check_build_folders(solutions_dir: Path, exercises_dir: Path, expected: set[str],
+                         names: InputNames = PYTHON_API) -> None:
     """Refuse a solutions folder without notebooks, and an exercises folder the build must not
     write into: the solutions, the course's notebooks or package, a file, or a folder that holds
     things the build did not write (none of them an exercise of this course)."""
     if not solutions_dir.is_dir():
-        raise BuildError(f"--solutions {solutions_dir} "
+        raise BuildError(f"{names.given('solutions', solutions_dir)} "
                          f"{'is not a folder' if solutions_dir.exists() else 'does not exist'}; "
                          f"give the folder that holds the solutions notebooks ({NOTEBOOK_GLOB})")
     if not expected:
         raise BuildError(f"no solutions notebooks ({NOTEBOOK_GLOB}) in {solutions_dir}; give the "
-                         "folder that holds them with --solutions")
+                         f"folder that holds them with {names.solutions}")
     where = exercises_dir.resolve()
     clone = [root / name for root in checkout_roots(where)
              for name in ("solutions", "notebooks", "moe_tutorial")]
     for folder in (solutions_dir, *clone, default_notebooks_dir(), package_dir()):
         folder = folder.resolve()
         if where == folder or where.is_relative_to(folder):
-            raise BuildError(f"--exercises {exercises_dir} is inside {folder.name}/, which the "
-                             "build never writes into; give the exercises/ folder (the default) "
-                             "or a new one")
+            raise BuildError(f"{names.given('exercises', exercises_dir)} is inside "
+                             f"{folder.name}/, which the build never writes into; give the "
+                             "exercises/ folder (the default) or a new one")
     if exercises_dir.exists() and not exercises_dir.is_dir():
-        raise BuildError(f"--exercises {exercises_dir} is a file, not a folder; give a folder")
+        raise BuildError(f"{names.given('exercises', exercises_dir)} is a file, not a folder; "
+                         "give a folder")
     present = sorted(p for p in exercises_dir.iterdir() if not p.name.startswith(".")) \
         if exercises_dir.is_dir() else []
     ours = [p for p in present if p.name in expected
             or (p.suffix == ".ipynb" and exercise_state(p) != "foreign")]
     if present and not ours:
-        names = ", ".join(p.name for p in present[:3]) + (", ..." if len(present) > 3 else "")
-        raise BuildError(f"--exercises {exercises_dir} holds files the build did not write "
-                         f"({names}); give the exercises/ folder (the default) or a new or empty one")
+        listed = ", ".join(p.name for p in present[:3]) + (", ..." if len(present) > 3 else "")
+        raise BuildError(f"{names.given('exercises', exercises_dir)} holds files the build did "
+                         f"not write ({listed}); give the exercises/ folder (the default) or a "
+                         "new or empty one")
 
 
-def _check_build_writable(exercises_dir: Path) -> None:
+def _check_build_writable(exercises_dir: Path, names: InputNames = PYTHON_API) -> None:
     """Refuse, before the first notebook is written, an exercises folder the build cannot write
     in (or make): all or nothing."""
     try:
         exercises_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BuildError(f"--exercises {exercises_dir} cannot be made ({exc.strerror or exc}); "
-                         "give a folder you can write in") from None
+        raise BuildError(f"{names.given('exercises', exercises_dir)} cannot be made "
+                         f"({exc.strerror or exc}); give a folder you can write in") from None
     if not os.access(exercises_dir, os.W_OK | os.X_OK):
-        raise BuildError(f"--exercises {exercises_dir}: no permission to write in it; make it "
-                         f"writable (`chmod u+w {exercises_dir}`) or give another folder")
+        raise BuildError(f"{names.given('exercises', exercises_dir)}: no permission to write "
+                         f"in it; make it writable (`chmod u+w {exercises_dir}`) or give "
+                         "another folder")
 
 
 def _read_solution(source: Path, where: str) -> dict:
@@ -1234,7 +1372,8 @@ def _read_solution(source: Path, where: str) -> dict:
 
 
 def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | None = None, *,
-                    check: bool = False, replace: bool = False) -> BuildResult:
+                    check: bool = False, replace: bool = False,
+                    names: InputNames = PYTHON_API) -> BuildResult:
     """Generate `exercises_dir/NN_*.ipynb` from `solutions_dir/NN_*.ipynb` (see the docstring).
 
     Every notebook written carries the build's stamp (BUILD_STAMP). An exercise whose cells a
@@ -1243,19 +1382,20 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
     are deleted only when unchanged; others are listed in `kept`. With `check`, write nothing
     and list in `problems` every exercise that is missing, differs from what the build would
     write, or has no solution any more, each with a fix that loses no work. Raises BuildError
-    for bad folders, solution notebooks or markers."""
+    for bad folders, solution notebooks or markers. `names`: how the messages name the inputs
+    (the command line passes `COMMAND_LINE`)."""
     solutions_dir = Path(solutions_dir) if solutions_dir else default_solutions_dir()
     exercises_dir = Path(exercises_dir) if exercises_dir else solutions_dir.parent / "exercises"
     sources = sorted(solutions_dir.glob(NOTEBOOK_GLOB)) if solutions_dir.is_dir() else []
     expected = {s.name for s in sources}
-    _check_build_folders(solutions_dir, exercises_dir, expected)
+    _check_build_folders(solutions_dir, exercises_dir, expected, names)
     result = BuildResult()
-    build = "python -m moe_tutorial build"
-    fix = f"run `{build}` and commit exercises/"
-    keep_work = (f"it holds your edits, which `{build}` keeps: copy your work out of "
-                 f"{exercises_dir.name}/, then run `{build} --replace`")
-    foreign = (f"the build did not write it, and `{build}` leaves it: move it away, or run "
-               f"`{build} --replace` to overwrite it")
+    build = names.build()
+    fix = f"run {build} and commit exercises/"
+    keep_work = (f"it holds your edits, which {build} keeps: copy your work out of "
+                 f"{exercises_dir.name}/, then run {names.build(replace=True)}")
+    foreign = (f"the build did not write it, and {build} leaves it: move it away, or run "
+               f"{names.build(replace=True)} to overwrite it")
     to_write: list[tuple[Path, str]] = []
     for source in sources:
         where = f"{solutions_dir.name}/{source.name}"
@@ -1266,7 +1406,7 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
         if target.is_symlink():  # the learner's own arrangement, and what it points to is theirs
             problem = (f"{shown} is a link to {os.readlink(target)}; the build never writes "
                        f"through a link (it would overwrite what the link points to): remove "
-                       f"the link (`rm {target}`) and run `{build}` again")
+                       f"the link (`rm {target}`) and run {build} again")
             (result.problems if check else result.refused).append(problem)
             continue
         if not target.exists():
@@ -1309,7 +1449,7 @@ def build_exercises(solutions_dir: Path | None = None, exercises_dir: Path | Non
 
     if not (to_write or to_remove):
         return result
-    _check_build_writable(exercises_dir)
+    _check_build_writable(exercises_dir, names)
     try:
         with safe_io.hold_folder(exercises_dir, "exercise build"):  # one build at a time
             for target, text in to_write:  # each whole or not at all (safe_io.atomic_file)
@@ -1347,7 +1487,7 @@ def add_build_command(subparsers) -> argparse.ArgumentParser:
 def _build_command(args: argparse.Namespace) -> int:
     try:
         result = build_exercises(args.solutions, args.exercises, check=args.check,
-                                 replace=args.replace)
+                                 replace=args.replace, names=COMMAND_LINE)
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,8 +2,9 @@
 `make lab` opens JupyterLab.
 
 The chapters (`notebooks/`, with their figures), the exercises and their solutions are copied
-into `work/` side by side, as in the repository, so every relative link between them
-(`../exercises/01_router_and_loop.ipynb`) resolves inside Lab. What a learner saves there, outputs
+into `work/` side by side, as in the repository, and with them the glossary the chapters link
+(`docs/glossary.md`), so every relative link between them (`../exercises/01_router_and_loop.ipynb`,
+`../docs/glossary.md#router`) resolves inside Lab. What a learner saves there, outputs
 and edits alike, never touches a tracked file: `make test` stays green after a day of learning and
 `git pull` never conflicts with it. A file already in `work/` is never overwritten; one the
 repository gained since (a new chapter after `git pull`) is added. To get a fresh copy of one
@@ -25,13 +26,16 @@ from pathlib import Path
 from ..locations import CLONE_MARKER, checkout_root, outside_checkout
 
 WORKSPACE_NAME = "work"
-# What is copied: a folder of the repository, mirrored under the same name in the workspace.
+# What is copied: a folder of the repository, mirrored under the same name in the workspace;
+# and single files the notebooks link, at the same path.
 COPIED_FOLDERS = ("notebooks", "exercises", "solutions")
+COPIED_FILES = ("docs/glossary.md",)
 
 
 def _course_files(repo: Path) -> list[Path]:
     """The files of the copied folders, relative to `repo`: everything but hidden files and
-    Python's caches (a checkpoint folder or `__pycache__` is nobody's work)."""
+    Python's caches (a checkpoint folder or `__pycache__` is nobody's work); then the copied
+    single files the repository has."""
     files = []
     for folder in COPIED_FOLDERS:
         for path in sorted((repo / folder).rglob("*")):
@@ -39,7 +43,7 @@ def _course_files(repo: Path) -> list[Path]:
             if path.is_file() and not any(part.startswith(".") or part == "__pycache__"
                                            for part in relative.parts):
                 files.append(relative)
-    return files
+    return files + [Path(name) for name in COPIED_FILES if (repo / name).is_file()]
 
 
 def prepare_workspace(repo: Path | None = None, workspace: Path | None = None) -> Path:

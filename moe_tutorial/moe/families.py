@@ -99,6 +99,10 @@ FAMILIES: dict[str, Family] = {
 def family_of(hf_config) -> Family:
     """The family of a transformers config, or a ValueError naming its model_type and the
     supported classes."""
+    if isinstance(hf_config, dict):  # a config's to_dict(), or a config.json read as JSON
+        raise ValueError(f"the HF config is a dict (model_type={hf_config.get('model_type')!r}); "
+                         f"give the transformers config object: "
+                         f"transformers.AutoConfig.for_model(**config) (e.g. a MixtralConfig)")
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in FAMILIES:
         raise ValueError(f"model_type={model_type!r} is not a family this package converts; "

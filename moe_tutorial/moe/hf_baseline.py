@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import torch
 
+from .hf import to_hf_state_dict
+from .model import MoEForCausalLM
+
 EXPERTS_IMPLEMENTATIONS = ("eager", "grouped_mm")
 
 
 def hf_mixtral(model, experts_implementation: str = "grouped_mm"):
     """A transformers `MixtralForCausalLM` with `model`'s config and weights, on its device."""
-    if not hasattr(model, "to_hf_state_dict"):  # duck-typed: this module imports no package code
+    if not isinstance(model, MoEForCausalLM):
         raise ValueError(f"hf_mixtral takes our model (a MoEForCausalLM), got a "
                          f"{type(model).__name__}: build it first, MoEForCausalLM(config)")
     if experts_implementation not in EXPERTS_IMPLEMENTATIONS:
@@ -42,7 +45,7 @@ def hf_mixtral(model, experts_implementation: str = "grouped_mm"):
         hf = transformers.MixtralForCausalLM._from_config(
             config, attn_implementation="sdpa", experts_implementation=experts_implementation,
             dtype=model.config.torch_dtype)
-    hf.load_state_dict(model.to_hf_state_dict())
+    hf.load_state_dict(to_hf_state_dict(model))
     actual = hf.config._experts_implementation
     if actual != experts_implementation:  # never benchmark something other than what was named
         raise RuntimeError(f"transformers chose experts_implementation={actual!r}, "

@@ -9,21 +9,21 @@ The config's architecture fields add what other transformers families do differe
 RMSNorm, attention biases, clip_qkv, sigmoid and group-limited routing, a shared expert):
 `families.py` says which family has which, and maps their configs. Module and parameter names
 follow HF transformers 5's (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`, ...), so a state dict
-moves between the two unchanged: `MoEForCausalLM.from_hf(hf_model)` and `to_hf_state_dict()`.
+moves between the two (`hf.from_hf(hf_model)`, `hf.to_hf_state_dict(model)`).
 The MoE block is `routing.Router` → a token dispatcher → `experts.ExpertMLP`; its
 `expert_backend` (naive loop, grouped GEMM, TE...) can be switched on a live model without
 touching the weights, and its dispatcher swapped for expert parallelism
 (`distributed.shard_experts`).
 
-The training loss is HF's: mean next-token cross-entropy + aux_loss_coef × the load-balancing
-loss pooled over all layers.
+The training loss is HF's: mean next-token cross-entropy (`loss.cross_entropy`) + aux_loss_coef
+× the load-balancing loss pooled over all layers; `batch.check_batch` refuses a bad batch first.
 
-Precision: `set_precision("bf16" | "fp8" | "closest_to_mxfp8" | <TE recipe name>)`. Anything but
-bf16 runs the decoder layers under `te.autocast` with the recipe this GPU supports
-(`recipes.recipe_for`): the attention projections become `te.Linear` (q, k and v fused into one
-GEMM) and the experts must be a TE backend, so every large GEMM runs in FP8; the router and the
-lm_head stay in bf16 (the router's top-k decisions and the output distribution are the
-precision-sensitive parts).
+Precision: `set_precision("bf16" | "fp8" | "closest_to_mxfp8" | <TE recipe name>)`, resolved once
+into a `recipes.Precision`. Anything but bf16 runs the decoder layers under `te.autocast` with
+the recipe this GPU supports: the attention projections become `te.Linear` (q, k and v fused
+into one GEMM: `te_projections`) and the experts must be a TE backend, so every large GEMM runs
+in FP8; the router and the lm_head stay in bf16 (the router's top-k decisions and the output
+distribution are the precision-sensitive parts).
 The model only enters `te.autocast`: the experts read the recipe from it at every forward pass
 (as TE's own ops do) and pad each expert's rows to what it needs, so nothing is pushed onto them.
 """
@@ -31,7 +31,6 @@ The model only enters `te.autocast`: the experts read the recipe from it at ever
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 from dataclasses import dataclass
 
@@ -41,91 +40,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ..precision import hardware, recipes
-from . import families
-from .config import DTYPES, MoEConfig
+from ..precision import hardware, recipes, te_projections
+from .batch import IGNORE_INDEX, check_batch
+from .config import MoEConfig
 from .experts import TE_BACKENDS, ExpertMLP, convert_experts, default_backend
+from .loss import cross_entropy
 from .routing import Router, load_balancing_loss
-
-IGNORE_INDEX = -100  # target value that the loss skips (as in HF and torch's cross_entropy)
 
 
 def is_expert_parameter(name: str) -> bool:
     """Whether a parameter of `MoEForCausalLM.named_parameters()` belongs to the routed experts
     (which expert parallelism shards and the optimizer may treat apart)."""
     return ".mlp.experts." in name
-
-
-def next_token_targets(input_ids: torch.Tensor) -> torch.Tensor:
-    """The targets of HF's `labels=input_ids` convention: position t predicts token t+1; the last
-    position has no target (IGNORE_INDEX). With these our loss is the one HF computes."""
-    return torch.cat([input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)], dim=1)
-
-
-TOKEN_ID_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding takes
-
-
-def _check_token_tensor(name: str, value) -> None:
-    if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{name} is a {type(value).__name__}, not a tensor of token ids "
-                         f"[batch, seq]: wrap it with torch.tensor({name})")
-    if value.dtype not in TOKEN_ID_DTYPES:
-        raise ValueError(f"{name} has dtype {value.dtype}; token ids are integers (torch.long or "
-                         f"torch.int32): convert with {name}.long()")
-
-
-def _outside_vocabulary(ids: torch.Tensor, vocab_size: int) -> int | None:
-    """The smallest id if it is negative, else the largest if it is >= vocab_size, else None."""
-    low, high = (v.item() for v in torch.aminmax(ids))
-    return low if low < 0 else high if high >= vocab_size else None
-
-
-def check_batch(config: MoEConfig, input_ids, targets=None) -> None:
-    """Refuse a batch the model cannot take, naming the value and the fix, before any kernel
-    runs. `MoEForCausalLM.forward` calls it on every batch.
-
-    Types, shapes and dtypes are checked always (free: no tensor is read). The token ids' range
-    needs a min/max over the batch: checked where the batch is in host memory (microseconds),
-    skipped for a batch already on a GPU, where reading the result would make the host wait for
-    the device at every training step; a caller that moves batches to a GPU can call this on the
-    host copy first. There, an out-of-range id fails in the embedding (a device-side assert) and
-    a bad target in the loss's gather, never silently."""
-    _check_token_tensor("input_ids", input_ids)
-    shape = tuple(input_ids.shape)
-    if len(shape) != 2:
-        fix = ("add the batch dimension: input_ids.unsqueeze(0)" if len(shape) == 1
-               else "reshape them to [batch, seq]")
-        raise ValueError(f"input_ids has shape {shape}; the model takes token ids of shape "
-                         f"[batch, seq]: {fix}")
-    if input_ids.numel() == 0:
-        raise ValueError(f"input_ids has shape {shape}: no tokens; pass at least one sequence of "
-                         f"at least one token")
-    if shape[1] > config.max_seq_len:
-        raise ValueError(f"sequence length {shape[1]} exceeds config.max_seq_len="
-                         f"{config.max_seq_len}: cut the sequences to at most {config.max_seq_len}"
-                         f" tokens, or build the model with a larger max_seq_len")
-    if targets is not None:
-        _check_token_tensor("targets", targets)
-        if tuple(targets.shape) != shape:
-            raise ValueError(
-                f"targets has shape {tuple(targets.shape)}, input_ids {shape}: they must match "
-                f"(targets[:, t] is the token after input_ids[:, t]; "
-                f"next_token_targets(input_ids) builds them)")
-    vocab = config.vocab_size
-    if input_ids.device.type == "cpu":
-        bad = _outside_vocabulary(input_ids, vocab)
-        if bad is not None:
-            raise ValueError(
-                f"input_ids holds token id {bad}, outside the vocabulary [0, {vocab}) of "
-                f"config.vocab_size={vocab}: tokenize with the tokenizer the model was built "
-                f"for, or build the model with a larger vocab_size")
-    if targets is not None and targets.device.type == "cpu":
-        bad = _outside_vocabulary(torch.where(targets == IGNORE_INDEX, 0, targets), vocab)
-        if bad is not None:
-            raise ValueError(
-                f"targets holds {bad}, neither a token id in [0, {vocab}) nor "
-                f"IGNORE_INDEX={IGNORE_INDEX} (a position the loss skips): build them with "
-                f"next_token_targets(input_ids)")
 
 
 class RMSNorm(nn.Module):
@@ -141,96 +67,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
-
-
-class _CrossEntropyWithGradient(torch.autograd.Function):
-    """Mean cross-entropy of logits [N, V] whose gradient is computed during the forward pass,
-    `chunk` rows at a time in fp32, and kept in the logits' dtype.
-
-    `F.cross_entropy(logits.float())` keeps an fp32 log-softmax [N, V] for the backward pass
-    (1 GiB for 8,192 tokens and a 32k vocabulary) on top of the fp32 copy it reads; this keeps
-    only the bf16 gradient, softmax - one_hot, which the backward pass merely scales. Same
-    numbers: both compute in fp32 and round the gradient to the logits' dtype."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, ignore_index: int, chunk: int):
-        valid = targets != ignore_index
-        count = valid.sum()  # a tensor: no host sync
-        loss = logits.new_zeros((), dtype=torch.float32)
-        grad = torch.empty_like(logits)
-        # Skipped positions gather token 0 and are then zeroed by `valid`; any other negative
-        # target stays negative and fails the gather, where clamping it would train on token 0.
-        gather_index = torch.where(valid, targets, 0).unsqueeze(1)
-        for start in range(0, logits.shape[0], chunk):
-            rows = slice(start, start + chunk)
-            keep = valid[rows]
-            target = gather_index[rows]
-            # One kernel reads the bf16 logits and writes fp32 log-probabilities; the rest works
-            # in place on that buffer and the last op writes the gradient rounded to bf16.
-            log_probs = torch.log_softmax(logits[rows], dim=1, dtype=torch.float32)
-            loss -= (log_probs.gather(1, target).squeeze(1) * keep).sum()
-            probs = log_probs.exp_()
-            probs.scatter_add_(1, target, torch.full_like(target, -1, dtype=probs.dtype))
-            torch.mul(probs, (keep / count).unsqueeze(1), out=grad[rows])
-        ctx.save_for_backward(grad)
-        return loss / count
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None, None
-
-
-def loss_and_gradient(logits: torch.Tensor, targets: torch.Tensor,
-                      ignore_index: int = IGNORE_INDEX) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean cross-entropy, its gradient with respect to the logits [N, V], in their dtype):
-    `_CrossEntropyWithGradient`'s arithmetic written for `torch.compile`, in one piece with no
-    in-place writes, so that Inductor can fuse the log-softmax, the exponential and the scaling
-    that the eager loop runs as one kernel each over an fp32 copy of every chunk. Eager, it
-    would hold several fp32 [N, V] intermediates at once: it is meant to be compiled
-    (`cross_entropy(..., compiled=True)`)."""
-    valid = targets != ignore_index
-    count = valid.sum()
-    gather_index = torch.where(valid, targets, 0).unsqueeze(1)
-    log_probs = torch.log_softmax(logits, dim=1, dtype=torch.float32)
-    loss = -(log_probs.gather(1, gather_index).squeeze(1) * valid).sum() / count
-    one_hot = torch.zeros_like(log_probs).scatter_(1, gather_index, 1.0)
-    grad = (log_probs.exp() - one_hot) * (valid / count).unsqueeze(1)
-    return loss, grad.to(logits.dtype)
-
-
-@functools.cache
-def _compiled_loss_and_gradient():
-    return torch.compile(loss_and_gradient, dynamic=False)
-
-
-class _CompiledCrossEntropy(torch.autograd.Function):
-    """`_CrossEntropyWithGradient` with the loss and gradient from the compiled
-    `loss_and_gradient` (a GPU: torch.compile makes Triton kernels)."""
-
-    @staticmethod
-    def forward(ctx, logits, targets, ignore_index: int):
-        loss, grad = _compiled_loss_and_gradient()(logits, targets, ignore_index)
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss.to(grad.dtype), None, None
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = IGNORE_INDEX,
-                  chunk: int = 1024, compiled: bool = False) -> torch.Tensor:
-    """`F.cross_entropy(logits.float(), targets, ignore_index=...)` (mean over the targets that
-    are not `ignore_index`) for logits [N, V], without its fp32 copies of the logits when a
-    gradient will be needed (see `_CrossEntropyWithGradient`). `compiled`: the loss and its
-    gradient from `torch.compile`'s kernels (`loss_and_gradient`) instead of the chunked loop."""
-    if not (torch.is_grad_enabled() and logits.requires_grad):
-        return F.cross_entropy(logits.float(), targets, ignore_index=ignore_index)
-    if compiled:
-        return _CompiledCrossEntropy.apply(logits, targets, ignore_index)
-    return _CrossEntropyWithGradient.apply(logits, targets, ignore_index, chunk)
 
 
 class Rotary:
@@ -271,7 +107,7 @@ ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
 class Attention(nn.Module):
     """Causal grouped-query self-attention with RoPE, through F.scaled_dot_product_attention.
 
-    In bf16 the projections are four `nn.Linear`, like HF's. Under FP8 (`use_te_linear`) they
+    In bf16 the projections are four `nn.Linear`, like HF's. Under FP8 (`te_projections`) they
     become Transformer Engine modules: q, k and v one `te.Linear` (`qkv_proj`) whose weight is
     split into the parameters `q_proj_weight`, `k_proj_weight`, `v_proj_weight` (one GEMM and
     one FP8 cast of the input instead of three), o_proj a `te.Linear`.
@@ -296,33 +132,6 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim if per_head else q_width, cfg.norm_eps, **kw)
             self.k_norm = RMSNorm(cfg.head_dim if per_head else kv_width, cfg.norm_eps, **kw)
         self.qkv_proj = None
-
-    @torch.no_grad()
-    def use_te_linear(self, te) -> None:
-        """Projections → TE modules with the same [out, in] weights (see the class doc)."""
-        if self.qkv_proj is None:
-            parts = {name: getattr(self, name).weight for name in ("q_proj", "k_proj", "v_proj")}
-            first = parts["q_proj"]
-            qkv = te.Linear(first.shape[1], sum(w.shape[0] for w in parts.values()), bias=False,
-                            params_dtype=first.dtype, device=first.device,
-                            parameters_split={name: w.shape[0] for name, w in parts.items()})
-            for name, w in parts.items():
-                getattr(qkv, f"{name}_weight").copy_(w)
-                delattr(self, name)
-            self.qkv_proj = qkv
-        if not isinstance(self.o_proj, te.Linear):
-            old = self.o_proj.weight
-            self.o_proj = te.Linear(old.shape[1], old.shape[0], bias=False, params_dtype=old.dtype,
-                                    device=old.device)
-            self.o_proj.weight.copy_(old)
-
-    def hf_projection_weights(self) -> dict[str, torch.Tensor]:
-        """The q, k, v weights under HF's names ('q_proj.weight', ...) when they live in the fused
-        `qkv_proj`; empty when they do not (the state dict then has them under those names)."""
-        if self.qkv_proj is None:
-            return {}
-        return {f"{name}.weight": getattr(self.qkv_proj, f"{name}_weight")
-                for name in ("q_proj", "k_proj", "v_proj")}
 
     def forward(self, x: torch.Tensor, rotary: Rotary) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -459,27 +268,21 @@ class CausalLMOutput:
     router_logits: tuple[torch.Tensor, ...] = ()  # one [B*S, E] tensor per layer
 
 
-# A pytree node, so code that walks a module's outputs finds the tensors inside. FSDP2 hooks the
-# root's unshard-before-backward onto them: torch 2.11's FSDP2 walks outputs with tree_flatten,
-# which treats an unregistered dataclass as one opaque leaf, so the root's resharded weights
-# (embedding, lm_head) were read as empty storage in the backward pass ("setStorage: ... out of
-# bounds for storage of size 0"; torch 2.13 walks dataclasses itself).
-torch.utils._pytree.register_dataclass(CausalLMOutput)
-
-
 class MoEForCausalLM(nn.Module):
     """MoE language model (Mixtral and the families of `families.py`).
     `model(input_ids, targets)` → `CausalLMOutput`."""
 
     def __init__(self, config: MoEConfig, expert_backend: str = "grouped_torch", *, device=None):
         super().__init__()
+        if device is not None and torch.device(device).type == "cuda":  # else torch's own assert
+            hardware.check_device(str(device), "device")
         self.config = config
         dtype = config.torch_dtype
         self.model = Decoder(config, "grouped_torch", dtype=dtype, device=device)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False,
                                  dtype=dtype, device=device)
         self.reset_parameters()
-        self.precision: recipes.RecipeChoice | None = None  # None: bf16/fp32, no autocast
+        self.precision = recipes.BF16  # the config's dtype, no autocast (`set_precision`)
         self._recipe = None  # the TE recipe object used under te.autocast
         # The training loss and its gradient from torch.compile's kernels (`cross_entropy`'s
         # `compiled`); off by default, a candidate the benchmark measures (`*_compiled_loss`)
@@ -539,12 +342,12 @@ class MoEForCausalLM(nn.Module):
         if name == "auto":
             on_gpu = next(self.parameters()).is_cuda and hardware.transformer_engine() is not None
             name = default_backend(self.config.hidden_size, self.config.intermediate_size,
-                                   fp8=self.precision is not None, te_on_gpu=on_gpu)
-        if self.precision is not None and name not in TE_BACKENDS:
-            raise ValueError(f"precision {self.precision.name} runs the experts through TE; "
-                             f"{name!r} is not a TE backend (use set_precision('bf16') first)")
-        if self.precision is not None:
-            _check_backend_runs_recipe(name, self.precision, hardware.capabilities())
+                                   fp8=self.precision.recipe is not None, te_on_gpu=on_gpu)
+        if self.precision.recipe is not None:
+            if name not in TE_BACKENDS:
+                raise ValueError(f"precision {self.precision.name} runs the experts through TE; "
+                                 f"{name!r} is not a TE backend (use set_precision('bf16') first)")
+            recipes.check_backend_runs(name, self.precision, hardware.capabilities())
         for layer in self.model.layers:
             layer.mlp.experts = convert_experts(layer.mlp.experts, name, **options)
         return self
@@ -554,36 +357,37 @@ class MoEForCausalLM(nn.Module):
         return [layer.mlp.dispatcher.last_path for layer in self.model.layers]
 
     # --- precision ------------------------------------------------------------------------------
-    def set_precision(self, precision: str = "bf16",
+    def set_precision(self, precision: str | recipes.Precision = "bf16",
                       capabilities: hardware.Capabilities | None = None) -> MoEForCausalLM:
-        """'bf16' (no autocast), or FP8: 'fp8' (the fastest FP8 recipe this GPU runs),
-        'closest_to_mxfp8', or a TE recipe name ('MXFP8BlockScaling', 'Float8BlockScaling',
-        'Float8CurrentScaling', 'DelayedScaling'). FP8 needs TE on a GPU and TE experts."""
-        if precision == "bf16":
-            self.precision, self._recipe = None, None
-            return self
-        caps = capabilities or hardware.capabilities()
-        choice = recipes.recipe_for(caps, "fastest" if precision == "fp8" else precision)
-        te = hardware.transformer_engine()
+        """Train in `precision`: a `recipes.Precision`, or a name `recipes.resolve` turns into
+        one on this machine ('bf16': no autocast; 'fp8': the fastest FP8 recipe this GPU runs;
+        'closest_to_mxfp8'; a TE recipe name such as 'MXFP8BlockScaling'). FP8 needs TE on a
+        GPU and TE experts; it turns the attention projections into TE modules."""
+        chosen = recipes.resolve(precision, capabilities)
+        if chosen.recipe is not None:
+            self._check_can_train_in(chosen, capabilities or hardware.capabilities())
+            for layer in self.model.layers:
+                te_projections.fuse_attention_projections(layer.self_attn,
+                                                          hardware.transformer_engine())
+        self.precision, self._recipe = chosen, chosen.build()
+        return self
+
+    def _check_can_train_in(self, chosen: recipes.Precision, caps: hardware.Capabilities) -> None:
         device = next(self.parameters()).device
-        if not choice.native or te is None or device.type != "cuda":
+        if not chosen.native or hardware.transformer_engine() is None or device.type != "cuda":
             raise ValueError(
-                f"precision {precision!r} needs Transformer Engine FP8 on a GPU; here: "
-                f"{choice.label} ({choice.reason}). Train in bf16 (or fp32 on a CPU); the FP8 and "
+                f"precision {chosen.name!r} needs Transformer Engine FP8 on a GPU; here: "
+                f"{chosen.label} ({chosen.reason}). Train in bf16 (or fp32 on a CPU); the FP8 and "
                 f"MXFP8 numerics can be studied on any machine with moe_tutorial.precision.quant")
         if self.expert_backend not in TE_BACKENDS:
-            raise ValueError(f"precision {precision!r} runs the experts through TE; switch them "
+            raise ValueError(f"precision {chosen.name!r} runs the experts through TE; switch them "
                              f"first: model.set_expert_backend('te_grouped_linear' or 'te_ops')")
         if self.config.qkv_bias or self.config.o_proj_bias:
-            raise ValueError(f"precision {precision!r} fuses the attention projections into TE "
+            raise ValueError(f"precision {chosen.name!r} fuses the attention projections into TE "
                              f"modules, which are built without biases here; this model has "
                              f"qkv_bias={self.config.qkv_bias}, o_proj_bias="
                              f"{self.config.o_proj_bias}: train it in bf16")
-        _check_backend_runs_recipe(self.expert_backend, choice, caps)
-        self.precision, self._recipe = choice, choice.build()
-        for layer in self.model.layers:
-            layer.self_attn.use_te_linear(te)
-        return self
+        recipes.check_backend_runs(self.expert_backend, chosen, caps)
 
     def _autocast(self):
         if self._recipe is None:
@@ -634,99 +438,3 @@ class MoEForCausalLM(nn.Module):
                 if dist.is_available() and dist.is_initialized():
                     dist.all_reduce(layer.mlp.gate.tokens_since_bias_update)
                 layer.mlp.gate.update_correction_bias(rate)
-
-    # --- HF transformers interoperability ---------------------------------------------------
-    @classmethod
-    def from_hf(cls, hf_model, expert_backend: str = "grouped_torch",
-                **backend_options) -> MoEForCausalLM:
-        """An equivalent model from a transformers causal LM of a supported family
-        (`families.FAMILIES`: MixtralForCausalLM, Qwen3MoeForCausalLM, ...; weights copied), its
-        experts on `expert_backend` with `backend_options` (`set_expert_backend`'s: e.g. the
-        fused grouped MLP's `align=256, glu_interleave_size=32`).
-
-        A model it cannot represent exactly is refused, every differing field named
-        (`families.unsupported_hf_options`). The loss is HF's with `output_router_logits=True`
-        (HF adds the load-balancing loss only when asked; this model always does)."""
-        _check_is_causal_lm(hf_model)
-        first = next(hf_model.parameters())
-        dtype = str(first.dtype).removeprefix("torch.")
-        if dtype not in DTYPES:
-            raise ValueError(f"the HF model's weights are {first.dtype}; this model runs in "
-                             f"{sorted(DTYPES)}: convert them first, e.g. "
-                             f"hf_model.to(torch.float32)")
-        mixed = next(((name, p.dtype) for name, p in hf_model.named_parameters()
-                      if p.dtype != first.dtype), None)
-        if mixed:  # loading into one dtype would round the others silently
-            raise ValueError(f"the HF model's weights mix dtypes: {mixed[0]} is {mixed[1]}, "
-                             f"the first weight {first.dtype}; give them one dtype first, e.g. "
-                             f"hf_model.to({first.dtype})")
-        config = MoEConfig.from_hf_config(hf_model.config, dtype=dtype)
-        model = cls(config, "grouped_torch", device=first.device)  # HF layout, then convert
-        state = {families.hf_key_to_ours(k): v for k, v in hf_model.state_dict().items()}
-        ours = set(model.state_dict())
-        missing, unexpected = ours - set(state), set(state) - ours
-        if missing or unexpected:  # e.g. a model with adapters added
-            name = families.FAMILIES[config.family].causal_lm
-            raise ValueError(f"the HF model's weights are not a {name}'s: missing "
-                             f"{sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}; convert "
-                             f"a plain {name} (merge any adapters first)")
-        model.load_state_dict(state)
-        return model.set_expert_backend(expert_backend, **backend_options)
-
-    def to_hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """A state dict that the family's transformers model (`MixtralForCausalLM`, ...)
-        `load_state_dict` accepts (TE experts are converted back to the stacked HF layout; TE's
-        `_extra_state` is dropped).
-
-        With the experts sharded over an ep group (`distributed.shard_experts`) every layer's
-        experts are all-gathered from the group: a collective, so every rank of the group must
-        call it (each gets the full state dict; let one rank save it)."""
-        state = {k: v for k, v in self.state_dict().items()
-                 if ".mlp.experts." not in k and ".self_attn.qkv_proj." not in k
-                 and not k.endswith("_extra_state")}
-        for i, layer in enumerate(self.model.layers):
-            for name, weight in layer.self_attn.hf_projection_weights().items():
-                state[f"model.layers.{i}.self_attn.{name}"] = weight.detach()
-            gate_up, down = layer.mlp.dispatcher.full_hf_weights(layer.mlp.experts)
-            state[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
-            state[f"model.layers.{i}.mlp.experts.down_proj"] = down
-        return {families.our_key_to_hf(k, self.config.family): v for k, v in state.items()}
-
-    def hf_gradients(self) -> dict[str, torch.Tensor]:
-        """Every parameter's gradient under its name in `to_hf_state_dict()` (after a backward
-        pass), experts in HF's stacked layout whatever the backend: what a comparison with the
-        HF model's own gradients reads. The experts must not be sharded."""
-        grads = {name: p.grad for name, p in self.named_parameters()
-                 if ".mlp.experts." not in name}
-        for i, layer in enumerate(self.model.layers):
-            gate_up, down = layer.mlp.experts.hf_gradients()
-            grads[f"model.layers.{i}.mlp.experts.gate_up_proj"] = gate_up
-            grads[f"model.layers.{i}.mlp.experts.down_proj"] = down
-        return {families.our_key_to_hf(k, self.config.family): v for k, v in grads.items()}
-
-
-def _check_backend_runs_recipe(backend: str, choice: recipes.RecipeChoice,
-                               caps: hardware.Capabilities) -> None:
-    """Refuse a combination TE cannot run here, before it fails deep inside cuBLAS."""
-    cc = caps.env.compute_capability or (0, 0)
-    if backend == "te_ops" and choice.name == "Float8BlockScaling" and cc[0] == 9:
-        raise ValueError(
-            "te.ops GroupedLinear with Float8BlockScaling finds no cuBLAS GEMM algorithm on "
-            f"{caps.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20 with CUDA 13.0's "
-            "cuBLASLt, rows padded to 16 or 128: benchmarks/results/"
-            "h200_block_scaling_alignment.json; TE moves Hopper's block scaling to its grouped "
-            "GEMM path only from cuBLASLt 13.6): use the te_grouped_linear backend, whose "
-            "block-scaled GEMMs run there, or precision 'fp8' with te_ops")
-
-
-def _check_is_causal_lm(hf_model) -> None:
-    supported = families.supported_classes()
-    if not isinstance(hf_model, nn.Module):
-        raise ValueError(f"from_hf takes a transformers causal LM, a model with weights "
-                         f"({supported}); got a {type(hf_model).__name__}: build one with "
-                         f"<Class>(config) or load one with from_pretrained")
-    family = families.family_of(getattr(hf_model, "config", None))
-    if not isinstance(getattr(hf_model, "lm_head", None), nn.Module):
-        raise ValueError(f"from_hf takes a {family.causal_lm} (with its lm_head); got a "
-                         f"{type(hf_model).__name__}: load {family.causal_lm}"
-                         f".from_pretrained(...)")

@@ -52,7 +52,7 @@ from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from ..moe.experts import ExpertMLP, convert_experts
-from ..moe.model import is_expert_parameter
+from ..moe.model import CausalLMOutput, is_expert_parameter
 from ..moe.routing import permute, sort_by_expert, unpermute
 
 # NVLink multicast stays off in every process of this course (it can take a shared host's GPUs
@@ -366,6 +366,15 @@ def communication_per_step(config, tokens_per_rank: int, dp: int, ep: int, *,
 # ---------------------------------------------------------------------------------------------
 # FSDP2 on the (dp, ep) layout: the same arithmetic as `average_gradients`, with every weight
 # sharded instead of replicated.
+
+# The model's output is made a pytree node, so code that walks a module's outputs finds the
+# tensors inside. FSDP2 hooks the root's unshard-before-backward onto them: torch 2.11's FSDP2
+# walks outputs with tree_flatten, which treats an unregistered dataclass as one opaque leaf, so
+# the root's resharded weights (embedding, lm_head) were read as empty storage in the backward
+# pass ("setStorage: ... out of bounds for storage of size 0"; torch 2.13 walks dataclasses
+# itself).
+torch.utils._pytree.register_dataclass(CausalLMOutput)
+
 
 def _mesh(group):
     """A DeviceMesh over an existing process group (NCCL's are CUDA meshes, gloo's CPU ones)."""

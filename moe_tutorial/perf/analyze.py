@@ -307,7 +307,7 @@ def arch_capabilities(arch: str) -> hardware.Capabilities:
 def fused_conditions(config: MoEConfig, tokens_per_gpu=TOKENS_PER_GPU) -> dict:
     """Which of the fused grouped MLP's conditions this model meets: the shape conditions
     (`experts.why_unfused` on a Blackwell GPU under MXFP8, where only they can fail), per arch
-    everything that keeps TE's fuser from fusing with the recipe `recipes.recipe_for` picks there,
+    everything that keeps TE's fuser from fusing with the recipe `recipes.resolve("fp8")` picks there,
     and per token count whether MXFP8's own padding of balanced rows already satisfies the fused
     kernel's row rules (`experts.why_fused_raises`; if not, te_ops pads to
     `experts.FUSED_MLP_ROWS_PER_EXPERT`, section 3's last column)."""
@@ -318,7 +318,7 @@ def fused_conditions(config: MoEConfig, tokens_per_gpu=TOKENS_PER_GPU) -> dict:
     archs = {}
     for arch in memory.ARCHS:
         caps = arch_capabilities(arch)
-        recipe = recipes.recipe_for(caps, "fastest").name
+        recipe = recipes.resolve("fp8", caps).name
         reasons = experts.why_unfused(caps, recipe, interleave, h, i)
         archs[arch] = {"gpu": caps.env.gpu_name, "recipe": recipe, "fuses": not reasons,
                        "why_not": [r for r in reasons if r not in shape_reasons]}
@@ -526,15 +526,15 @@ def _bf16_backend(config, caps, backend, reason) -> tuple[str, str]:
 
 
 def _recipe(caps, verdicts, source, width, backend) -> tuple[str | None, str]:
-    """The recipe by the map: the one `recipes.recipe_for(caps, "fastest")` picks where FP8 paid
+    """The recipe by the map: the one `recipes.resolve("fp8", caps)` picks where FP8 paid
     at this width and TE runs it natively under a TE backend; else bf16 (None)."""
-    choice = recipes.recipe_for(caps, "fastest")
+    choice = recipes.resolve("fp8", caps)
     if not choice.native or backend not in experts.TE_BACKENDS:
         why = choice.reason if not choice.native else f"the {backend} backend runs no TE recipe"
         return None, f"bf16 (no recipe): {why}"
     fp8, fp8_evidence = _judge(verdicts, "fp8", width, source)
     if fp8:
-        return choice.name, f"{choice.name}: FP8 {fp8_evidence}; recipes.recipe_for picks it here"
+        return choice.name, f"{choice.name}: FP8 {fp8_evidence}; the fastest FP8 recipe here"
     return None, f"bf16 (no recipe): FP8 {fp8_evidence}"
 
 

@@ -92,5 +92,5 @@ def show_families() -> None:
     widgets.show_table(widgets.Table(
         ["model_type", "transformers class", "experts from", "expert width from", "renormalise from", "fixed by the family"],
         rows, title="families.FAMILIES: how each family's config maps onto MoEConfig",
-        note=f"MoEForCausalLM.from_hf converts: {families.supported_classes()}"))
+        note=f"moe.hf.from_hf converts: {families.supported_classes()}"))
 

@@ -6,12 +6,14 @@ counts and peaks it measures with are in `timing`.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from ..moe.batch import next_token_targets
 from ..moe.config import preset
 from ..moe.experts import (
     SELF_QUANTIZING_BACKENDS,
@@ -21,7 +23,7 @@ from ..moe.experts import (
     default_backend,
 )
 from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
-from ..moe.model import MoEForCausalLM, next_token_targets
+from ..moe.model import MoEForCausalLM
 from ..moe.routing import route
 from ..precision import hardware, recipes
 from ..precision.quant import rel_error
@@ -30,15 +32,12 @@ from ..train.data import check_count
 from ..train.graphed import GraphedTrainStep, capturable_adamw
 from ..train.loop import (
     OPTIMIZERS,
-    StepInBackward,
     TrainingDiverged,
     TrainSettings,
     compiled_adamw,
-    layer_groups,
     learning_rate,
     loss_of,
     make_optimizer,
-    make_step_in_backward,
     set_learning_rate,
     train,
     train_step,
@@ -184,10 +183,10 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
             module_backend = backend.removesuffix(CUTLASS)
             gemm = cutlass_grouped_gemm if backend.endswith(CUTLASS) else contextlib.nullcontext
             experts = (convert_experts(base, module_backend) if backend != "naive" else base)
-            recipe = None
-            if precision != "bf16" and module_backend not in SELF_QUANTIZING_BACKENDS:
-                choice = recipes.recipe_for(caps, precision)
-                recipe = choice.build()  # the TE experts read it, and its alignment, from autocast
+            recipe = None  # bf16, or a backend that quantizes by itself
+            if module_backend not in SELF_QUANTIZING_BACKENDS:
+                # the TE experts read the recipe, and its alignment, from autocast
+                recipe = recipes.resolve(precision, caps).build()
             x = hidden.detach().clone().requires_grad_()
             w = weights.detach().clone().requires_grad_()
 
@@ -238,29 +237,45 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
 @dataclass(frozen=True)
 class Variant:
     """One way to run the training step: our model with an expert backend and a precision, or
-    HF transformers' Mixtral (its experts implementation, optionally torch.compile'd)."""
+    HF transformers' Mixtral (its experts implementation, optionally torch.compile'd). `name` is
+    the label its results carry: any label for a variant of your own; `Variant.of` derives the
+    benchmark's names from the options."""
 
     name: str  # the label results carry
     backend: str  # ours: the expert backend; HF: experts_implementation ("eager" / "grouped_mm")
     precision: str = "bf16"  # ours: "bf16", "fp8" or a TE recipe name; HF: bf16 only
     hf: bool = False
     compiled: bool = False  # HF: `hf_baseline.compile_for_training`
-    # AdamW stepped in the backward pass (`train.StepInBackward`): a generic training trick, so
-    # HF gets it too, to separate what it buys from what the MoE/TE work buys
-    step_in_backward: bool = False
     # The training loss and its gradient from torch.compile's kernels (ours: the model's
     # `compiled_loss`)
     compiled_loss: bool = False
     # AdamW's step compiled (`train.compiled_adamw`): generic, so HF gets it too
     compiled_adamw: bool = False
     # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
-    # graph (`sync_free.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
+    # graph (`train.graphed.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
     graphed: bool = False
+
+    @classmethod
+    def of(cls, backend: str, precision: str = "bf16", **options) -> Variant:
+        """The variant of these options under its derived name: `hf_<backend>` then
+        `_compiled` (the model compiled) and `_compiled_adamw`; ours `ours_<backend>_<precision>`
+        (a self-quantizing backend's name already says its precision) then `_graphed`, and
+        `_compiled` for the loss and AdamW compiled together, else `_compiled_loss` or
+        `_compiled_adamw` for one of them."""
+        v = cls("", backend, precision, **options)
+        if v.hf:
+            parts = ["hf", backend, v.compiled and "compiled", v.compiled_adamw and "compiled_adamw"]
+        else:
+            compiled = ("compiled" if v.compiled_loss and v.compiled_adamw else
+                        v.compiled_loss and "compiled_loss" or v.compiled_adamw and "compiled_adamw")
+            parts = ["ours", backend, backend not in SELF_QUANTIZING_BACKENDS and precision,
+                     v.graphed and "graphed", compiled]
+        return replace(v, name="_".join(part for part in parts if part))
 
     @property
     def changes(self) -> bool:
-        """Whether this is a candidate change of a ladder variant (`candidate_base`)."""
-        return self.step_in_backward or self.compiled_loss or self.compiled_adamw
+        """Whether this is a change of a ladder variant measured beside it (`candidate_base`)."""
+        return self.compiled_loss or self.compiled_adamw
 
     @property
     def precision_kind(self) -> str:
@@ -270,7 +285,7 @@ class Variant:
     def build(self, config, device):
         """(the trained module, forward(inputs, targets) -> loss) from the seeded initial weights
         every variant shares. HF computes `labels=input_ids` targets itself: the same ones as
-        `model.next_token_targets`, which its forward is handed (comparable losses)."""
+        `batch.next_token_targets`, which its forward is handed (comparable losses)."""
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:
@@ -289,113 +304,79 @@ class Variant:
 
     def optimizer(self, module, lr: float, kind: str = "torch_adamw"):
         """HF's baseline as HF users run it: torch's fused AdamW over all parameters; ours: the
-        course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). A
-        `step_in_backward` variant: the same AdamW stepped in the backward pass
-        (`train.StepInBackward`); with `compiled_adamw` too, one compiled update per layer."""
-        if self.graphed:
+        course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). `compiled_adamw`:
+        torch's AdamW with its step compiled (`train.compiled_adamw`), for HF over all parameters
+        too; `graphed`: the capturable AdamW the CUDA graph replays."""
+        if self.graphed or self.compiled_adamw:
             if kind != "torch_adamw":
-                raise ValueError(f"variant {self.name} runs a capturable AdamW; --optimizer "
+                raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer "
                                  f"{kind} does not apply to it")
-            return capturable_adamw(module, lr)
-        fused = next(module.parameters()).is_cuda or None
-        if (self.step_in_backward or self.compiled_adamw) and kind != "torch_adamw":
-            raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer {kind} "
-                             f"does not apply to it")
+            if self.graphed:
+                return capturable_adamw(module, lr)
         settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
         if self.hf:
-            everything = [{"params": list(module.parameters())}]
-            if self.step_in_backward and self.compiled_adamw:
-                return StepInBackward(layer_groups(module, everything), compiled=True, lr=lr)
-            if self.step_in_backward:
-                return StepInBackward(everything, lr=lr, fused=fused)
             if self.compiled_adamw:
-                return compiled_adamw(everything, settings)
-            return torch.optim.AdamW(module.parameters(), lr=lr, fused=fused)
-        if self.step_in_backward:
-            return make_step_in_backward(module, settings, compiled=self.compiled_adamw)
+                return compiled_adamw([{"params": list(module.parameters())}], settings)
+            return torch.optim.AdamW(module.parameters(), lr=lr,
+                                     fused=next(module.parameters()).is_cuda or None)
         return make_optimizer(module, settings,
                               "torch_adamw_compiled" if self.compiled_adamw else kind)
 
 
-VARIANTS = {v.name: v for v in (  # the HF baselines, then the course's steps, in order
-    Variant("hf_eager", "eager", hf=True),
-    Variant("hf_grouped_mm", "grouped_mm", hf=True),
-    Variant("hf_grouped_mm_compiled", "grouped_mm", hf=True, compiled=True),
-    Variant("ours_grouped_torch_bf16", "grouped_torch"),
-    Variant("ours_te_grouped_linear_bf16", "te_grouped_linear"),
-    Variant("ours_te_grouped_linear_fp8", "te_grouped_linear", "fp8"),
-    Variant("ours_te_ops_bf16", "te_ops"),
-    Variant("ours_te_ops_fp8", "te_ops", "fp8"),
-    # Candidate speed-ups of the step, each one change from a variant above; named on the command
-    # line (`--train-variants`), not part of the course's ladder
-    Variant("hf_grouped_mm_compiled_step_in_backward", "grouped_mm", hf=True, compiled=True,
-            step_in_backward=True),
-    Variant("ours_te_ops_bf16_step_in_backward", "te_ops", step_in_backward=True),
-    Variant("ours_te_ops_fp8_step_in_backward", "te_ops", "fp8", step_in_backward=True),
-    Variant("ours_te_ops_bf16_compiled_loss", "te_ops", compiled_loss=True),
-    Variant("ours_te_ops_fp8_compiled_loss", "te_ops", "fp8", compiled_loss=True),
-    Variant("hf_grouped_mm_compiled_compiled_adamw", "grouped_mm", hf=True, compiled=True,
-            compiled_adamw=True),
-    Variant("ours_te_ops_bf16_compiled_adamw", "te_ops", compiled_adamw=True),
-    Variant("ours_te_ops_fp8_compiled_adamw", "te_ops", "fp8", compiled_adamw=True),
-    Variant("ours_te_ops_bf16_compiled", "te_ops", compiled_loss=True, compiled_adamw=True),
-    Variant("ours_te_ops_fp8_compiled", "te_ops", "fp8", compiled_loss=True, compiled_adamw=True),
-    # AdamW compiled and stepped in the backward pass, one layer's group at a time on a side
-    # stream (`train.StepInBackward(compiled=True)`)
-    Variant("hf_grouped_mm_compiled_compiled_adamw_step_in_backward", "grouped_mm", hf=True,
-            compiled=True, compiled_adamw=True, step_in_backward=True),
-    Variant("ours_te_ops_bf16_compiled_step_in_backward", "te_ops", compiled_loss=True,
-            compiled_adamw=True, step_in_backward=True),
-    Variant("ours_te_ops_fp8_compiled_loss_step_in_backward", "te_ops", "fp8", compiled_loss=True,
-            step_in_backward=True),
-    Variant("ours_te_ops_fp8_compiled_step_in_backward", "te_ops", "fp8", compiled_loss=True,
-            compiled_adamw=True, step_in_backward=True),
-    # No host read in the step (`sync_free`): eager, then the whole step in one CUDA graph (with
-    # gradient clipping, which the eager steps above leave out); FP8: the experts' GEMMs through
-    # torch's row-wise scaled grouped GEMM, the rest of the model in bf16
-    Variant("ours_sync_free_bf16", "sync_free"),
-    Variant("ours_sync_free_bf16_graphed", "sync_free", graphed=True),
-    Variant("ours_sync_free_bf16_graphed_compiled_loss", "sync_free", graphed=True,
-            compiled_loss=True),
-    Variant("ours_sync_free_fp8", "sync_free_fp8", "fp8"),
-    Variant("ours_sync_free_fp8_graphed", "sync_free_fp8", "fp8", graphed=True),
-    Variant("ours_sync_free_fp8_graphed_compiled_loss", "sync_free_fp8", "fp8", graphed=True,
-            compiled_loss=True),
-    Variant("ours_sync_free_fp8_wgrad_graphed", "sync_free_fp8_wgrad", "fp8", graphed=True),
-    Variant("ours_sync_free_fp8_wgrad_graphed_compiled_loss", "sync_free_fp8_wgrad", "fp8",
-            graphed=True, compiled_loss=True),
-)}
-# The sync-free steps: named on the command line (`--train-variants`), beside the ladder
-SYNC_FREE_VARIANTS = tuple(name for name, v in VARIANTS.items()
-                           if v.backend.startswith("sync_free"))
-CANDIDATE_VARIANTS = tuple(name for name, v in VARIANTS.items()
-                           if v.changes and name not in SYNC_FREE_VARIANTS)
-# The course's ladder, from HF's baselines to our fastest step: what `bench` runs by default and
-# notebook 06 shows
-TRAIN_VARIANTS = tuple(name for name in VARIANTS
-                       if name not in CANDIDATE_VARIANTS + SYNC_FREE_VARIANTS)
-# What `bench` runs after the ladder on a GPU: the fastest steps measured beyond it (the
-# torch.compile candidates together, bf16 and FP8) and HF's compiled step with the same generic
-# technique (AdamW compiled), so the summary's best step and its fair twin come from one run
-GPU_EXTRA_VARIANTS = ("hf_grouped_mm_compiled_compiled_adamw", "ours_te_ops_bf16_compiled",
-                      "ours_te_ops_fp8_compiled")
+def _expand(*grids: dict) -> tuple[Variant, ...]:
+    """`Variant.of` of every combination of each grid's values, in order (a grid maps an option
+    to one value or a tuple of values; its last option varies fastest)."""
+    return tuple(Variant.of(**dict(zip(grid, values))) for grid in grids
+                 for values in itertools.product(*(v if isinstance(v, tuple) else (v,)
+                                                   for v in grid.values())))
+
+
+BF16_AND_FP8 = ("bf16", "fp8")
+# The course's ladder, from HF's baselines to our fastest step without torch.compile: what `bench`
+# runs by default and notebook 06 shows
+LADDER = _expand(dict(hf=True, backend=("eager", "grouped_mm")),
+                 dict(hf=True, backend="grouped_mm", compiled=True),
+                 dict(backend="grouped_torch"),
+                 dict(backend=("te_grouped_linear", "te_ops"), precision=BF16_AND_FP8))
+# torch.compile for the parts TE does not own, the loss (with its gradient) and AdamW's step:
+# both together, our fastest steps, which `bench` runs after the ladder on a GPU, with HF's
+# compiled step given the same compiled AdamW (nothing MoE-specific in it)...
+COMPILED_STEPS = _expand(dict(hf=True, backend="grouped_mm", compiled=True, compiled_adamw=True),
+                         dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True,
+                              compiled_adamw=True))
+# ...and each alone, what each buys: named on the command line (`--train-variants`)
+COMPILED_ALONE = _expand(dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True),
+                         dict(backend="te_ops", precision=BF16_AND_FP8, compiled_adamw=True))
+# No host read in the step (`sync_free`): eager, then the whole step in one CUDA graph (with
+# gradient clipping, which the eager steps above leave out), then with the compiled loss inside
+# the graph; FP8: the experts' GEMMs through torch's row-wise scaled grouped GEMM, the rest of the
+# model in bf16. Named on the command line, beside the ladder
+SYNC_FREE = _expand(dict(backend="sync_free"),
+                    dict(backend="sync_free", graphed=True, compiled_loss=(False, True)),
+                    dict(backend="sync_free_fp8", precision="fp8"),
+                    dict(backend=("sync_free_fp8", "sync_free_fp8_wgrad"), precision="fp8",
+                         graphed=True, compiled_loss=(False, True)))
+
+VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE)}
+TRAIN_VARIANTS = tuple(v.name for v in LADDER)
+# What `bench` runs after the ladder on a GPU, so the summary's best step and its fair HF twin
+# come from one run
+GPU_EXTRA_VARIANTS = tuple(v.name for v in COMPILED_STEPS)
+# Each change of a ladder variant measured beside it (`candidate_gains`): alone, then together
+CANDIDATE_VARIANTS = tuple(v.name for v in (*COMPILED_ALONE, *COMPILED_STEPS))
 
 
 def candidate_base(name: str) -> str:
-    """The course's variant a candidate changes (`CANDIDATE_VARIANTS`): the same model, experts,
+    """The ladder variant a candidate changes (`CANDIDATE_VARIANTS`): the same model, experts,
     precision and compilation, none of the candidate's changes."""
     v = VARIANTS[name]
-    return next(base for base in TRAIN_VARIANTS
-                if (VARIANTS[base].backend, VARIANTS[base].precision, VARIANTS[base].hf,
-                    VARIANTS[base].compiled) == (v.backend, v.precision, v.hf, v.compiled)
-                and not VARIANTS[base].changes)
+    return Variant.of(v.backend, v.precision, hf=v.hf, compiled=v.compiled).name
 
 
 def technique(name: str) -> str:
     """What a candidate variant changes, in words."""
     v = VARIANTS[name]
-    changes = ["AdamW stepped in the backward pass"] if v.step_in_backward else []
-    changes += ["the loss and its gradient compiled"] if v.compiled_loss else []
+    changes = ["the loss and its gradient compiled"] if v.compiled_loss else []
     changes += ["AdamW's step compiled"] if v.compiled_adamw else []
     return " and ".join(changes)
 
@@ -417,18 +398,24 @@ def candidate_gains(train_rows: list[dict]) -> list[dict]:
     return gains
 
 
-# The committed runs of the candidates (`bench --train-variants <base> <candidate> ...` on one H200)
-CANDIDATE_RUNS = ("benchmarks/results/h200_step_in_backward_side_stream.json",
-                  "benchmarks/results/h200_compiled_candidates.json",
-                  "benchmarks/results/h200_compiled_candidates_rerun.json",
-                  "benchmarks/results/h200_compiled_step_in_backward.json")
+def committed_train_runs() -> list[tuple[str, dict]]:
+    """(file, report) of every committed `bench` report with training-step rows
+    (`results.committed`), oldest run first."""
+    runs = []
+    for path in results.committed():
+        report = results.read(path)
+        rows = report.get("results") if isinstance(report, dict) else None
+        if isinstance(rows, list) and any(isinstance(r, dict) and r.get("part") == "train"
+                                          for r in rows):
+            runs.append((results.relative(path), report))
+    return sorted(runs, key=lambda run: run[1]["environment"].get("date") or "")
 
 
 def committed_candidate_gains() -> list[dict]:
-    """`candidate_gains` of every committed candidate run, each gain with its `run` (file)."""
+    """`candidate_gains` of every committed run that timed a candidate beside its base, oldest
+    run first, each gain with its `run` (file) and `gpu`."""
     gains = []
-    for run in CANDIDATE_RUNS:
-        report = results.read(run)
+    for run, report in committed_train_runs():
         rows = [r for r in report["results"] if r.get("part") == "train"]
         gains += [{**gain, "run": run, "gpu": report["environment"]["gpu"]}
                   for gain in candidate_gains(rows)]
@@ -440,7 +427,8 @@ def variant(name_or_variant: str | Variant) -> Variant:
         return name_or_variant
     if name_or_variant not in VARIANTS:
         raise ValueError(f"unknown training variant {name_or_variant!r}; choose from "
-                         f"{tuple(VARIANTS)}, or pass a bench.Variant(label, backend, precision)")
+                         f"{', '.join(VARIANTS)}; or pass a bench.Variant(label, backend, "
+                         f"precision)")
     return VARIANTS[name_or_variant]
 
 
@@ -550,8 +538,6 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
         except Exception as exc:
             row.update(_classify_error(exc))
         finally:
-            if hasattr(opt, "remove"):  # StepInBackward: its hooks on the parameters hold it
-                opt.remove()
             del module, forward, opt  # free this variant's ~30 GB before the next one
         results.append(row)
         if on_result is not None:

@@ -32,7 +32,7 @@ import torch
 from ..moe import experts
 from ..moe.routing import route
 from ..precision import hardware, recipes
-from . import bench, timing
+from . import bench, timing, widgets
 
 SHAPES = {"mixtral": dict(num_experts=8, hidden_size=4096, intermediate_size=14336),
           "fine_grained": dict(num_experts=64, hidden_size=2048, intermediate_size=768)}
@@ -234,7 +234,7 @@ def validate(log=print, pytest_args=("-m", "gpu", "-q", "-p", "no:cacheprovider"
 
 def _fused_forward(caps) -> dict:
     """One forward pass of the course's te_ops experts under MXFP8: did TE's fuser fuse?"""
-    recipe = recipes.recipe_for(caps, "MXFP8BlockScaling")
+    recipe = recipes.resolve("MXFP8BlockScaling", caps)
     module = _build(SHAPES["mixtral"] | dict(hidden_size=1024, intermediate_size=1024),
                     experts.FUSED_MLP_GLU_INTERLEAVE)
     x = torch.randn(2048, module.hidden_size, dtype=torch.bfloat16, device="cuda")
@@ -242,3 +242,141 @@ def _fused_forward(caps) -> dict:
     with hardware.transformer_engine().autocast(enabled=True, recipe=recipe.build()):
         module(x, indices, weights)
     return {"fused": module.fused, "ops": module.fused_ops(), "path": module.last_path}
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused grouped MLP's conditions across machines, as notebook 05 shows them
+
+def _recipe_label(recipe) -> str:
+    spec = recipes.recipe_spec(recipe)
+    if spec is None:
+        return "bf16 (no recipe)"
+    if spec.name == "NVFP4BlockScaling":
+        return f"{spec.name} ({'no RHT' if spec.disable_rht else 'with RHT'})"
+    return f"{spec.name} ({spec.fp8_format})"
+
+
+def fusion_cases(caps, hidden_size: int, intermediate_size: int, *, seed: int = 0) -> list[list]:
+    """What TE would run for the te_ops chain — fused, unfused (silently), or fused then raising —
+    on this machine (its own recipe and sizes) and on hand-described machines (hypothetical:
+    nothing runs there), one condition broken at a time, with Mixtral's sizes and the row counts
+    of one balanced Mixtral step: `experts.why_unfused` and `experts.why_fused_raises`."""
+    machine = {kind: hardware.evaluate(hardware.fake_environment(kind))
+               for kind in ("blackwell", "rtx_blackwell", "hopper")}
+    late = hardware.evaluate(hardware.fake_environment("blackwell", fused_mlp_env_set=False))
+    mixtral = bench.EXPERT_SHAPES["mixtral"]
+    _, idx = bench.make_routing(mixtral, "balanced", seed=seed)
+    rows_, glu = experts.FUSED_MLP_ROWS_PER_EXPERT, experts.FUSED_MLP_GLU_INTERLEAVE
+    mxfp8_align = recipes.alignment("MXFP8BlockScaling")
+    here = recipes.recipe_for(caps, "fastest")
+    b200, h, i = "B200 (hypothetical)", mixtral.hidden, mixtral.intermediate
+    cases = [  # (case, capabilities, recipe, glu interleave, hidden, intermediate, rows per expert)
+        (f"this machine: interleave {glu}, {rows_}-row padding", caps,
+         here.name if here.native else None, glu, hidden_size, intermediate_size, rows_),
+        (f"{b200}: MXFP8 (E4M3), interleave {glu}, {rows_}-row padding", machine["blackwell"],
+         "MXFP8BlockScaling", glu, h, i, rows_),
+        (f"{b200}: NVFP4 (with its random Hadamard transform)", machine["blackwell"],
+         "NVFP4BlockScaling", glu, h, i, rows_),
+        (f"{b200}: MXFP8, rows padded only to MXFP8's {mxfp8_align}", machine["blackwell"],
+         "MXFP8BlockScaling", glu, h, i, mxfp8_align),
+        (f"{b200}: MXFP8 with Format.HYBRID (E5M2 gradients)", machine["blackwell"],
+         recipes.RecipeSpec("MXFP8BlockScaling", fp8_format="HYBRID"), glu, h, i, rows_),
+        (f"{b200}: NVFP4 with disable_rht=True", machine["blackwell"],
+         recipes.RecipeSpec("NVFP4BlockScaling", disable_rht=True), glu, h, i, rows_),
+        (f"{b200}: MXFP8, no GLU interleave", machine["blackwell"], "MXFP8BlockScaling", None, h,
+         i, rows_),
+        (f"{b200}: bf16 (no recipe)", machine["blackwell"], None, glu, h, i, rows_),
+        (f"{b200}: MXFP8, hidden 4000 (not a multiple of 64)", machine["blackwell"],
+         "MXFP8BlockScaling", glu, 4000, i, rows_),
+        (f"{b200}: {hardware.FUSED_MLP_ENV} set after TE's import", late, "MXFP8BlockScaling",
+         glu, h, i, rows_),
+        ("RTX-class Blackwell, compute capability 12.0 (hypothetical): its fastest recipe",
+         machine["rtx_blackwell"], recipes.recipe_for(machine["rtx_blackwell"]).name, glu, h, i,
+         rows_),
+        ("H200 (hypothetical): its fastest recipe", machine["hopper"],
+         recipes.recipe_for(machine["hopper"]).name, glu, h, i, rows_),
+    ]
+    table = []
+    for case, c, recipe, interleave, h_size, i_size, align in cases:
+        falls_back = experts.why_unfused(c, recipe, interleave, h_size, i_size)
+        splits = None if c is caps else routing_splits(mixtral, idx, align)
+        raises = experts.why_fused_raises(splits) if (splits is not None and not falls_back) else []
+        table.append([case, _recipe_label(recipe),
+                      "unfused (silently)" if falls_back else
+                      ("fused, then RAISES" if raises else "fused"),
+                      "; ".join(falls_back) or "—",
+                      "; ".join(raises) if raises else
+                      ("— (unfused: any rows the recipe aligns)" if falls_back else
+                       "— (this batch's rows: see below)" if splits is None else "—")])
+    return table
+
+
+def routing_splits(shape, indices, align: int) -> torch.Tensor:
+    """Rows per expert of one step of `shape` routed by `indices`, padded to `align`."""
+    from ..moe import routing
+
+    return routing.permute(torch.zeros(shape.tokens, 1), indices, None, shape.experts, align)[2].m_splits
+
+
+def fusion_table(cases: list[list]):
+    mixtral = bench.EXPERT_SHAPES["mixtral"]
+    return widgets.Table(["case", "recipe", "TE runs", "silent fall back because",
+                          "raises because"], cases,
+                         title=f"experts.why_unfused and experts.why_fused_raises (row counts: "
+                               f"one balanced Mixtral step, {mixtral.tokens:,} tokens × "
+                               f"top-{mixtral.top_k}, {mixtral.experts} experts)")
+
+
+def dry_run_table(report: dict):
+    """A committed `dry_run` report: what TE's fusion pass chose against `why_unfused`, per shape
+    and case."""
+    env = report["environment"]
+    return widgets.Table(
+        ["shape", "case", "TE's fusion pass chose", "why_unfused predicted", "agree"],
+        [[name, case["case"], ", ".join(case["te_chose"]), "; ".join(case["why_unfused"]) or "fuses",
+          "yes" if case["agrees"] else "NO"]
+         for name, shape in report["shapes"].items() for case in shape["cases"]],
+        title=f"TE's own fuser on {env['gpu']} (TE {env['transformer_engine']}, {env['date']}), "
+              "machine checks answered as on a B200; no Blackwell kernel ran",
+        note=f"Not checked there: {report['not_checked']}.")
+
+
+def env_variable_table(report: dict):
+    """When TE read the fused MLP's environment variable in a committed `dry_run` report, and
+    each shape's fused-op row check on 100 rows."""
+    env = report["env_variable"]
+    rows = [["is_supported() calls during TE's import", env["is_supported_calls_during_import"]],
+            ["fusion registered at import", env["fusion_registered"]],
+            [f"is_supported() after setting {hardware.FUSED_MLP_ENV}={env['set_after_import']}",
+             env["is_supported_after_setting"]],
+            ["is_supported() cache (hits / misses)",
+             f"{env['is_supported_cache']['hits']} / {env['is_supported_cache']['misses']}"]]
+    rows += [[f"{name}: the fused op's row check on 100 rows", shape["fused_op_row_check"]["100"]]
+             for name, shape in report["shapes"].items()]
+    return widgets.Table(["what", "recorded"], rows,
+                         title=f"{hardware.FUSED_MLP_ENV} and the row check (committed dry run)")
+
+
+def enable_fused_mlp(enable: bool = True) -> str:
+    """Set `NVTE_CUTEDSL_FUSED_GROUPED_MLP=1` where the fused grouped MLP can run (compute
+    capability 10.x with nvidia-cudnn-frontend >= 1.23) and TE is not imported yet: TE decides
+    whether to register the fusion at the import of transformer_engine.pytorch
+    (`GroupedMLP_CuTeGEMMGLU.is_supported()`, cached). Returns what it did, in one line."""
+    import importlib.metadata
+
+    skipped = (f"{hardware.FUSED_MLP_ENV} not set (only useful on compute capability 10.x, e.g. "
+               "B200/B300, with cuDNN frontend >= 1.23)")
+    if not (enable and torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 10):
+        return skipped
+    try:
+        version = importlib.metadata.version("nvidia-cudnn-frontend")
+    except importlib.metadata.PackageNotFoundError:
+        return skipped
+    if tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) < hardware.FUSED_MLP_MIN_CUDNN_FRONTEND:
+        return skipped
+    if "transformer_engine" in sys.modules and not hardware.fused_mlp_env_enabled(
+            os.environ.get(hardware.FUSED_MLP_ENV)):
+        return (f"TE was imported in this kernel before {hardware.FUSED_MLP_ENV}=1 was set: "
+                "restart the kernel to let TE register the fused kernel")
+    os.environ.setdefault(hardware.FUSED_MLP_ENV, "1")
+    return f"{hardware.FUSED_MLP_ENV}=1 set before TE was imported"

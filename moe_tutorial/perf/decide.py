@@ -7,7 +7,7 @@ variant's output against the loop before timing it) in four ways:
     loop     the per-expert loop (HF "eager"), bf16 (fp32 on a CPU)
     grouped  the grouped layer: TE `GroupedLinear` on a GPU with TE, else `torch._grouped_mm`
     te_ops   `te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)`, bf16 (GPU with TE)
-    fp8      `GroupedLinear` under the recipe `recipes.recipe_for(caps, "fastest")` picks (GPU
+    fp8      `GroupedLinear` under the recipe `recipes.resolve("fp8", caps)` picks (GPU
              with a TE FP8 recipe; the PyTorch emulation reproduces FP8's numbers, not its speed)
 
 then asks, per technique, where it pays (speedup > 1.05), loses (< 0.95) or is even, and states
@@ -132,7 +132,7 @@ def sweep_variants(caps: hardware.Capabilities, device) -> list[SweepVariant]:
                       else caps["te_ops_grouped_mlp"].reason)
     grouped = ("te_grouped_linear" if on_gpu and caps.is_native("te_grouped_linear")
                else "grouped_torch")
-    choice = recipes.recipe_for(caps, "fastest")
+    choice = recipes.resolve("fp8", caps)
     fp8_missing = (no_gpu if not on_gpu else None if choice.native
                    else f"no TE FP8 recipe runs here ({choice.reason}); the emulation in "
                         "moe_tutorial.precision.quant reproduces FP8's numbers, not its speed")
@@ -400,7 +400,7 @@ def decision_rule(decisions: dict[str, Verdict], where: str = "this machine",
 def committed_rows(path: str | Path = results.H200, routing: str = ROUTING) -> list[dict]:
     """The expert-layer rows of a `python -m moe_tutorial bench` result file, as sweep rows: its
     shapes are `bench.EXPERT_SHAPES`; loop = naive, grouped = te_grouped_linear bf16, te_ops =
-    te_ops bf16, fp8 = te_grouped_linear under the recipe `recipe_for(..., "fastest")` picks for
+    te_ops bf16, fp8 = te_grouped_linear under the recipe `resolve("fp8", ...)` picks for
     the file's GPU (Hopper: DelayedScaling; Blackwell: MXFP8BlockScaling)."""
     report = results.read(path)
     env = report.get("environment", {})
@@ -409,7 +409,7 @@ def committed_rows(path: str | Path = results.H200, routing: str = ROUTING) -> l
     if kind is None:
         raise ValueError(f"{path} was measured on {env.get('gpu') or 'a CPU'}; committed_rows "
                          "reads Hopper (9.x) or Blackwell (10.x) results")
-    fp8 = recipes.recipe_for(hardware.evaluate(hardware.fake_environment(kind)), "fastest").name
+    fp8 = recipes.resolve("fp8", hardware.evaluate(hardware.fake_environment(kind))).name
     variant_of = {("naive", "bf16"): "loop", ("te_grouped_linear", "bf16"): "grouped",
                   ("te_ops", "bf16"): "te_ops", ("te_grouped_linear", fp8): "fp8"}
     by_shape: dict[str, list[dict]] = {}

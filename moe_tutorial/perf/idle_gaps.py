@@ -286,3 +286,18 @@ def run(variants: Sequence[str], *, preset_name: str = "mixtral-2l", batch: int 
         torch.cuda.empty_cache()
     return {"environment": timing.environment(), "preset": preset_name, "batch": batch,
             "seq_len": seq_len, "steps": steps, "with_stack": with_stack, "variants": results}
+
+
+def busy_table(run: dict, baseline: str = "hf_grouped_mm_compiled"):
+    """Each profiled step of a committed idle-gaps run (`committed`): its unprofiled median, the
+    GPU's busy and idle time per profiled step, and its busy time against `baseline`'s busy time
+    in the same profiles (busy against busy: like measures of one run)."""
+    base_busy = run["variants"][baseline]["gaps"].busy_ms
+    return widgets.Table(
+        ["step", "ms per step, unprofiled", "GPU busy ms", "GPU idle ms", "host waits per step",
+         f"{baseline} busy / this busy"],
+        [[name, f"{e['median_ms']:.1f}", f"{e['gaps'].busy_ms:.1f}", f"{e['gaps'].idle_ms:.1f}",
+          f"{e['gaps'].syncs_per_step:.3g}", f"{base_busy / e['gaps'].busy_ms:.2f}x"]
+         for name, e in run["variants"].items()],
+        title=f"GPU work and idle time per step ({run['environment']['gpu']}, TE "
+              f"{run['environment']['transformer_engine']}; committed run)")

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import TE_BACKENDS
-from ..moe.model import cross_entropy
+from ..moe.loss import cross_entropy
 from ..parallel import distributed
 from ..precision import hardware, recipes
 from ..precision.quant import MX_BLOCK
@@ -44,10 +44,9 @@ ENGINES = ("single", "replicated", "fsdp2")
 BACKENDS = ("grouped_torch", "te_grouped_linear", "te_ops")
 ARCHS = ("hopper", "blackwell")  # hardware.fake_environment's names for an H200 and a B200
 DEVICES = ("cuda", "cpu")  # where the model runs: a CPU's rms_norm saves more (see `_norm`)
-PRECISIONS = ("bf16", "fp8", "closest_to_mxfp8") + recipes.TE_RECIPES
 
 FP32, INT64, INT32 = 4, 8, 4  # bytes per value of the tensors the model keeps in these dtypes
-# The rows the loss turns into fp32 log-probabilities at a time (`model.cross_entropy`'s default).
+# The rows the loss turns into fp32 log-probabilities at a time (`loss.cross_entropy`'s default).
 CE_CHUNK = inspect.signature(cross_entropy).parameters["chunk"].default
 # The Mixtral table's expert backend: what the course's matrix trains with on the H200
 # (benchmarks/results/h200x2.json, h200x2_matrix_mixtral-8l.json: te_ops).
@@ -290,7 +289,7 @@ def _experts(config: MoEConfig, tokens: int, ep: int, itemsize: int, backend: st
 
 def _head(config: MoEConfig, batch: int, seq_len: int, itemsize: int, device: str) -> dict:
     """Outside the decoder layers: the embedding's token ids, the final norm, lm_head's input,
-    the loss's saved gradient (`model._CrossEntropyWithGradient` computes softmax − one-hot in
+    the loss's saved gradient (`loss._CrossEntropyWithGradient` computes softmax − one-hot in
     the forward pass and keeps it, [tokens, vocab] in the logits' dtype), the load-balancing
     loss over all layers (fp32 softmax, top-k indices, expert shares) and the RoPE tables, one
     set shared by every layer (a CPU: cos and sin in the compute dtype; a GPU: TE's fused RoPE
@@ -402,7 +401,7 @@ def predict(config: MoEConfig, *, batch: int, seq_len: int, dp: int = 1, ep: int
     sequences of `seq_len` tokens per GPU.
 
     engine: "single", "replicated" or "fsdp2" (module doc). precision: "bf16" (the config's
-    dtype, no FP8), "fp8" / "closest_to_mxfp8" (the recipe `recipes.recipe_for` picks on `arch`)
+    dtype, no FP8), "fp8" / "closest_to_mxfp8" (the recipe `recipes.resolve` picks on `arch`)
     or a TE recipe name; FP8 needs a TE `backend`. state_dtype: the dtype of the parameters,
     gradients and AdamW moments between steps; FSDP2 only may differ from the config's dtype
     (a `MixedPrecisionPolicy(param_dtype=<config dtype>)`: fp32 shards, bf16 compute).
@@ -674,17 +673,12 @@ def _check_batch(config: MoEConfig, batch: int, seq_len: int) -> None:
 
 
 def _recipe(precision: str, arch: str) -> str | None:
-    """The TE recipe `precision` means on `arch` (None for bf16), by the course's own rules
-    (`recipes.recipe_for` on `hardware.fake_environment(arch)`)."""
+    """The TE recipe `precision` (a name of `recipes.PRECISION_NAMES`) means on `arch` (None for
+    bf16), by the course's own rules (`recipes.resolve` on `hardware.fake_environment(arch)`)."""
     if arch not in ARCHS:
         raise ValueError(f"unknown arch {arch!r}; choose one of {ARCHS} (H100/H200 or B200/B300)")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISIONS}")
-    if precision == "bf16":
-        return None
-    capabilities = hardware.evaluate(hardware.fake_environment(arch))
-    preference = "fastest" if precision == "fp8" else precision
-    return recipes.recipe_for(capabilities, preference).name
+    chosen = recipes.resolve(precision, hardware.evaluate(hardware.fake_environment(arch)))
+    return None if chosen.recipe is None else chosen.name
 
 
 def _check_backend(backend: str, recipe: str | None, device: str) -> None:

@@ -51,3 +51,16 @@ def path(name: str | Path) -> Path:
 def read(name: str | Path) -> dict:
     """The JSON of a result file (`path`)."""
     return json.loads(path(name).read_text())
+
+
+def committed() -> list[Path]:
+    """Every committed result file (JSON, subfolders included) of the clone the current directory
+    is in, by path; none outside a clone. Readers pick runs by what they hold, so a new run needs
+    no list of file names updated."""
+    root = checkout_root()
+    return sorted((root / FOLDER).rglob("*.json")) if root is not None else []
+
+
+def relative(path: Path) -> str:
+    """A committed result file as the docs write it: `benchmarks/results/<name>`."""
+    return f"{FOLDER}/{path.relative_to(checkout_root() / FOLDER).as_posix()}"

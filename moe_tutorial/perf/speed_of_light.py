@@ -55,7 +55,9 @@ from .step_profile import (
 )
 from .step_profile import PARTS as PROFILER_PARTS
 
-PRECISIONS = ("bf16", "fp8")
+# The work model counts each GEMM's operands in the config's dtype or in FP8 (one byte): which
+# recipe scales the FP8 operands does not change the minimum work.
+GEMM_OPERAND_FORMATS = ("bf16", "fp8")
 FP8_BYTES = 1
 # Each FP8-quantized tensor is written twice: FP8 GEMMs on Hopper take only the "TN" layout, and
 # MXFP8 on Blackwell scales along rows for one GEMM and along columns for another, so the
@@ -323,8 +325,8 @@ def step_work(config: MoEConfig, batch: int, seq_len: int, *, precision: str = "
     `optimizer`: see `adamw_bytes_per_parameter`. Routing is taken as balanced (every token
     copy does the same work wherever it goes) and alignment padding as none."""
     _check_shape_arguments(config, batch, seq_len)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision={precision!r}: choose one of {PRECISIONS}")
+    if precision not in GEMM_OPERAND_FORMATS:
+        raise ValueError(f"precision={precision!r}: choose one of {GEMM_OPERAND_FORMATS}")
     act = config.torch_dtype.itemsize  # bytes of an activation, weight or gradient element
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_layers
     heads, kv_heads, d = config.num_heads, config.num_kv_heads, config.head_dim
@@ -620,9 +622,10 @@ def section(rates: Rates, comparisons: dict[str, Comparison]) -> dict:
 
 def step_floors(config: MoEConfig, batch: int, seq_len: int, rates: Rates, *,
                 optimizer: str = "adamw") -> dict[str, Floor]:
-    """The step's floor in each precision (`PRECISIONS`) at these rates."""
+    """The step's floor with the GEMM operands in each format (`GEMM_OPERAND_FORMATS`) at these
+    rates."""
     return {p: floor(step_work(config, batch, seq_len, precision=p, optimizer=optimizer), rates)
-            for p in PRECISIONS}
+            for p in GEMM_OPERAND_FORMATS}
 
 
 def committed_section(path: str | Path = results.H200) -> dict:

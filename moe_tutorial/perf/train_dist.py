@@ -42,12 +42,14 @@ from torch.distributed.tensor import DTensor
 
 from .. import safe_io
 from ..moe import routing
+from ..moe.batch import next_token_targets
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import TE_BACKENDS, TORCH_BACKENDS
-from ..moe.model import MoEForCausalLM, is_expert_parameter, next_token_targets
+from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..parallel import dist_checkpoint, distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
 from ..parallel.sharded_init import load_hf_shards
+from ..precision import recipes
 from ..precision.quant import rel_error
 from ..train.checkpoint import check_directory, check_same_run
 from ..train.data import check_count, check_positive_number, load_protein_data
@@ -477,7 +479,8 @@ def parse_args(argv=None, check: bool = True) -> argparse.Namespace:
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="recompute each decoder layer in the backward pass")
     parser.add_argument("--backend", default="grouped_torch")
-    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--precision", default="bf16", choices=recipes.PRECISION_NAMES,
+                        help="fp8: the fastest FP8 recipe this GPU runs (recipes.resolve)")
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank")
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--steps", type=int, default=20)

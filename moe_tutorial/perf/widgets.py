@@ -696,53 +696,55 @@ def _make_trace(go, props: dict):
 class Prediction:
     """A question the learner answers before a measurement, graded by it in one sentence.
 
-        guess = predict("Will FP8 be faster than bf16 at hidden 128?", ["yes", "no"], default="yes")
+        guess = predict("Will FP8 be faster than bf16 at hidden 128?", ["yes", "no"])
         ...                                          # the measurement
         guess.grade("no" if fp8_ms > bf16_ms else "yes", f"FP8 {fp8_ms:.1f} ms, bf16 {bf16_ms:.1f} ms")
 
-    With a Jupyter frontend attached the question is a row of buttons (or a slider for a number)
-    and the grade follows the answer: change it after the measurement and the sentence changes.
-    Headless (papermill, nbval, a script) nobody can answer, so `default` is the answer, said so
-    in the output, and nothing waits for input."""
+    It starts unanswered: nothing is preselected, so a guess is always the learner's own. With a
+    Jupyter frontend attached the question is a row of buttons (a drop-down of the numbers, for
+    a `range`), none pressed, and the grade follows the answer: pick one, or change it after the
+    measurement, and the sentence changes. Headless (papermill, nbval, a script) nobody can
+    answer: the grade says "not answered yet" and still shows what the measurement says and why,
+    and nothing waits for input."""
 
-    def __init__(self, question: str, choices, default, *, live: bool = True):
+    def __init__(self, question: str, choices, *, live: bool = True):
         numeric = isinstance(choices, range)
-        if numeric and default not in choices:
-            raise ValueError(f"default {default!r} is not in {choices!r}")
-        if not numeric:
+        if numeric:
+            if len(choices) < 2:
+                raise ValueError(f"a prediction needs two or more choices; got {choices!r}")
+        else:
             choices = [str(c) for c in choices]
-            if len(choices) < 2 or str(default) not in choices:
-                raise ValueError(f"a prediction needs two or more choices and a default among "
-                                 f"them; got choices {choices}, default {default!r}")
-            default = str(default)
-        self.question, self.choices, self.default = question, choices, default
+            if len(choices) < 2 or len(set(choices)) != len(choices):
+                raise ValueError(f"a prediction needs two or more distinct choices; got {choices}")
+        self.question, self.choices = question, choices
         self._widget = self._output = None
         self._graded: tuple | None = None
         if live and live_support()[0]:
             import ipywidgets
 
             if numeric:
-                self._widget = ipywidgets.IntSlider(value=default, min=choices.start,
-                                                    max=choices.stop - 1, step=choices.step,
-                                                    description="your guess")
+                self._widget = ipywidgets.Dropdown(options=list(choices), value=None,
+                                                   description="your guess")
             else:
-                self._widget = ipywidgets.ToggleButtons(options=choices, value=default)
+                self._widget = ipywidgets.ToggleButtons(options=choices, value=None)
             _display(ipywidgets.VBox([ipywidgets.HTML(f"<b>Predict:</b> {question}"),
                                       self._widget]))
         else:
             options = (f"a number in {choices.start}..{choices.stop - 1}" if numeric
                        else " / ".join(choices))
             print(f"Predict: {question} ({options})\n"
-                  f"  [no one to answer in a headless run: the answer is {default!r}]")
+                  f"  [a headless run has no one to answer: it stays unanswered]")
 
     @property
     def answer(self):
-        return self._widget.value if self._widget is not None else self.default
+        """The learner's answer, or None while nothing is picked."""
+        return self._widget.value if self._widget is not None else None
 
     def grade(self, truth, why: str, *, tolerance: float = 0) -> None:
         """Say whether the answer matches `truth` (a choice, or a number within `tolerance`),
-        with `why`: what the measurement showed; `right` then holds whether it matched. (It
-        returns nothing: a `True` / `False` would print under a notebook cell ending in it.)"""
+        with `why`: what the measurement showed; `right` then holds whether it matched (None
+        while unanswered). (It returns nothing: a `True` / `False` would print under a notebook
+        cell ending in it.)"""
         self._graded = (truth, why, tolerance)
         if self._widget is not None and self._output is None:
             import ipywidgets
@@ -753,29 +755,41 @@ class Prediction:
         self._render()
 
     @property
-    def right(self) -> bool:
-        """Whether the answer (as it is now) matches the measurement; `grade` first."""
+    def right(self) -> bool | None:
+        """Whether the answer (as it is now) matches the measurement, None while unanswered;
+        `grade` first."""
         if self._graded is None:
             raise RuntimeError("grade(truth, why) the prediction before asking whether it was right")
         truth, _, tolerance = self._graded
+        if self.answer is None:
+            return None
         if isinstance(self.choices, range):
             return abs(self.answer - truth) <= tolerance
         return self.answer == str(truth)
 
+    @property
+    def verdict(self) -> str:
+        """'right', 'not this time' or 'not answered yet', for a summary table; `grade` first."""
+        return {True: "right", False: "not this time", None: "not answered yet"}[self.right]
+
     def _render(self) -> None:
         truth, why, _ = self._graded
-        sentence = (f"{'✓ Right' if self.right else '✗ Not this time'}: you predicted "
-                    f"{self.answer!r}, the measurement says {truth!r}. {why}")
+        if self.answer is None:
+            sentence = f"– Not answered yet: the measurement says {truth!r}. {why}"
+        else:
+            sentence = (f"{'✓ Right' if self.right else '✗ Not this time'}: you predicted "
+                        f"{self.answer!r}, the measurement says {truth!r}. {why}")
         if self._output is not None:
             self._output.value = f"<p>{html.escape(sentence)}</p>"
         else:
             print(sentence)
 
 
-def predict(question: str, choices, default, *, live: bool = True) -> Prediction:
+def predict(question: str, choices, *, live: bool = True) -> Prediction:
     """Ask `question` before a measurement (`choices`: a list of answers, or a `range` for a
-    number); grade it after with `.grade(truth, why)`. See `Prediction`."""
-    return Prediction(question, choices, default, live=live)
+    number), unanswered until the learner picks; grade it after with `.grade(truth, why)`. See
+    `Prediction`."""
+    return Prediction(question, choices, live=live)
 
 
 # ---------------------------------------------------------------------------------------------

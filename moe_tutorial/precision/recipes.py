@@ -1,11 +1,15 @@
 """Which Transformer Engine recipe a machine trains with, and what the recipe asks of the data.
 
-`recipe_for(capabilities)` picks the low-precision recipe this machine runs natively (MXFP8 on
-compute capability 10.x-11.x, B200/B300; FP8 delayed, current or block scaling on Hopper) with an
-honest label, or MXFP8 emulated in PyTorch (`moe_tutorial.precision.quant`) where TE runs none.
-`alignment(name)` is TE's own rule for the rows each expert's grouped GEMM needs, and
-`RecipeSpec` / `recipe_spec` describe a recipe as plain data, so TE's decisions that read a
-recipe (alignment, the fused grouped MLP) can be modelled on a machine without TE.
+A model's precision is one `Precision` value (the recipe, the rows per expert it needs, its
+label), resolved once from a name where the name comes in (`resolve`: "bf16", "fp8",
+"closest_to_mxfp8" or a TE recipe name) and read from then on. `recipe_for(capabilities)` picks
+the low-precision recipe this machine runs natively (MXFP8 on compute capability 10.x-11.x,
+B200/B300; FP8 delayed, current or block scaling on Hopper) with an honest label, or MXFP8
+emulated in PyTorch (`moe_tutorial.precision.quant`) where TE runs none. `alignment(name)` is
+TE's own rule for the rows each expert's grouped GEMM needs, and `RecipeSpec` / `recipe_spec`
+describe a recipe as plain data, so TE's decisions that read a recipe (alignment, the fused
+grouped MLP) can be modelled on a machine without TE; the experts read the active one from
+`te.autocast` (`active_recipe`).
 
 The rules read the capability table (`hardware.evaluate`), never the GPU directly, so tests and
 notebooks ask them about machines described by hand.
@@ -39,7 +43,7 @@ _ORDER = {
     "closest_to_mxfp8": ("MXFP8BlockScaling", "Float8BlockScaling", "Float8CurrentScaling",
                          "DelayedScaling"),
 }
-# The FP8 format each recipe trains with in this course (RecipeChoice.build). MXFP8 and block
+# The FP8 format each recipe trains with in this course (Precision.build). MXFP8 and block
 # scaling use E4M3 in both passes (per-block scales already cover the gradients' range, so E4M3's
 # extra mantissa bit wins; BioNeMo's Mixtral recipe does this for MXFP8, and TE's fused grouped
 # MLP declines anything else). Per-tensor current and delayed scaling use HYBRID: E4M3 forward,
@@ -102,11 +106,11 @@ def active_recipe() -> RecipeSpec | None:
 
 def recipe_spec(recipe) -> RecipeSpec | None:
     """`RecipeSpec` of None (bf16: None), a recipe class name (with the format this course trains
-    it in), a `RecipeChoice`, a `RecipeSpec`, or a Transformer Engine recipe object."""
+    it in), a `Precision`, a `RecipeSpec`, or a Transformer Engine recipe object."""
     if recipe is None or isinstance(recipe, RecipeSpec):
         return recipe
-    if isinstance(recipe, RecipeChoice):
-        recipe = recipe.name
+    if isinstance(recipe, Precision):
+        return recipe.recipe
     if isinstance(recipe, str):
         return RecipeSpec(recipe, _COURSE_FORMAT.get(recipe, "E4M3"))
     fmt = getattr(recipe, "fp8_format", None)  # a TE recipe: fp8_format is a Format enum
@@ -115,28 +119,61 @@ def recipe_spec(recipe) -> RecipeSpec | None:
 
 
 @dataclass(frozen=True)
-class RecipeChoice:
-    """The low-precision recipe to train with, and what to call it.
+class Precision:
+    """How a model trains, decided once from a name (`resolve`) and read from then on: in its
+    own dtype (bf16: `recipe` None, no autocast) or under one low-precision recipe.
 
-    `name` is a TE recipe class name, or "emulated_mxfp8" where TE cannot run one (then
-    `native` is False and training stays in bf16 while this module reproduces MXFP8's numbers).
-    `align`: rows per expert the recipe's GEMMs need (`alignment(name)`, TE's rule).
+    `recipe`: the recipe as plain data; its name is a TE recipe class name, or "emulated_mxfp8"
+    where TE runs none (then `native` is False: training stays in bf16 while `quant` reproduces
+    MXFP8's numbers). `align`: rows per expert the recipe's grouped GEMMs need (`alignment`,
+    TE's rule). `label`: what to call it; `reason`: why this machine gets it.
     """
 
-    name: str
+    recipe: RecipeSpec | None
     label: str
-    native: bool
-    align: int
-    reason: str
+    align: int = 1
+    native: bool = True
+    reason: str = ""
+
+    @property
+    def name(self) -> str:
+        """"bf16", or the recipe's name (e.g. "DelayedScaling")."""
+        return BF16_NAME if self.recipe is None else self.recipe.name
 
     def build(self):
-        """The TE recipe object, e.g. ``MXFP8BlockScaling(fp8_format=Format.E4M3)``, in the FP8
-        format this course trains the recipe in (`_COURSE_FORMAT`: E4M3 for the block-scaled
-        recipes, HYBRID for the per-tensor ones)."""
+        """The TE recipe object to enter `te.autocast` with (None for bf16), e.g.
+        ``MXFP8BlockScaling(fp8_format=Format.E4M3)``, in the FP8 format this course trains the
+        recipe in (`_COURSE_FORMAT`: E4M3 for the block-scaled recipes, HYBRID for the
+        per-tensor ones)."""
+        if self.recipe is None:
+            return None
         if not self.native:
             raise RuntimeError(f"{self.name} is not a Transformer Engine recipe on this machine "
                                f"({self.reason}); its numerics run in moe_tutorial.precision.quant instead")
-        return recipe_spec(self.name).build()
+        return self.recipe.build()
+
+
+BF16_NAME = "bf16"
+BF16 = Precision(None, "bf16 (the model's dtype; fp32 on a CPU): no FP8 recipe")
+# The names `resolve` takes: bf16, "fp8" (the fastest FP8 recipe this machine runs), the other
+# preference, or a TE recipe by name.
+PRECISION_NAMES = (BF16_NAME, "fp8", "closest_to_mxfp8") + TE_RECIPES
+
+
+def resolve(precision: str | Precision, capabilities=None) -> Precision:
+    """The `Precision` a name means on this machine (`capabilities`, default
+    `hardware.capabilities()`): "bf16"; "fp8", the fastest FP8 recipe (`recipe_for`'s
+    "fastest"); "closest_to_mxfp8"; or a TE recipe name (`PRECISION_NAMES`). A `Precision`
+    is returned as it is. Where TE runs no FP8 recipe the result is MXFP8 emulated
+    (`native` False), which only `quant` can run."""
+    if isinstance(precision, Precision):
+        return precision
+    if precision not in PRECISION_NAMES:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {PRECISION_NAMES}")
+    if precision == BF16_NAME:
+        return BF16
+    caps = capabilities or hardware.capabilities()
+    return recipe_for(caps, "fastest" if precision == "fp8" else precision)
 
 
 def _machine_name(capabilities) -> str:
@@ -160,7 +197,7 @@ def supported_recipes(capabilities) -> list[str]:
     return [name for name in TE_RECIPES if capabilities.is_native(recipe_capability(name))]
 
 
-def recipe_for(capabilities, preference: str = "fastest") -> RecipeChoice:
+def recipe_for(capabilities, preference: str = "fastest") -> Precision:
     """The recipe to train with on this machine.
 
     `preference`: "fastest", "closest_to_mxfp8", or a TE recipe name from `TE_RECIPES`.
@@ -189,13 +226,13 @@ def recipe_for(capabilities, preference: str = "fastest") -> RecipeChoice:
         label = "MXFP8 numerics emulated in PyTorch (no TE FP8 recipe on this GPU)"
     else:
         label = "MXFP8 numerics emulated in PyTorch (no TE on this machine)"
-    return RecipeChoice(EMULATED_MXFP8, label, native=False, align=alignment(EMULATED_MXFP8),
-                        reason=f"{machine}: {capabilities['mxfp8'].reason}")
+    return Precision(RecipeSpec(EMULATED_MXFP8), label, align=alignment(EMULATED_MXFP8),
+                     native=False, reason=f"{machine}: {capabilities['mxfp8'].reason}")
 
 
-def _te_choice(name: str, reason: str) -> RecipeChoice:
-    return RecipeChoice(name, _RECIPE_FACTS[name][1], native=True, align=alignment(name),
-                        reason=reason)
+def _te_choice(name: str, reason: str) -> Precision:
+    return Precision(recipe_spec(name), _RECIPE_FACTS[name][1], align=alignment(name),
+                     reason=reason)
 
 
 def _why(name: str, preference: str, capabilities, machine: str) -> str:
@@ -210,3 +247,17 @@ def _why(name: str, preference: str, capabilities, machine: str) -> str:
     if name == "Float8CurrentScaling":
         return f"{no_mx}; per-tensor current scaling (scales from this step's amax)"
     return f"{no_mx}; delayed scaling is the only FP8 recipe left for '{preference}'"
+
+
+def check_backend_runs(backend: str, precision: Precision, capabilities) -> None:
+    """Refuse an expert backend and recipe that TE cannot run together here, before it fails
+    deep inside cuBLAS."""
+    cc = capabilities.env.compute_capability or (0, 0)
+    if backend == "te_ops" and precision.name == "Float8BlockScaling" and cc[0] == 9:
+        raise ValueError(
+            "te.ops GroupedLinear with Float8BlockScaling finds no cuBLAS GEMM algorithm on "
+            f"{capabilities.env.gpu_name} (compute capability {cc[0]}.{cc[1]}; TE 2.20 with CUDA "
+            "13.0's cuBLASLt, rows padded to 16 or 128: benchmarks/results/"
+            "h200_block_scaling_alignment.json; TE moves Hopper's block scaling to its grouped "
+            "GEMM path only from cuBLASLt 13.6): use the te_grouped_linear backend, whose "
+            "block-scaled GEMMs run there, or precision 'fp8' with te_ops")

@@ -207,6 +207,10 @@ def load_latest(directory: str | Path) -> dict:
         advice = (f"the newest intact one is {good}: move {path.name} away to resume from it"
                   if good is not None else "no intact checkpoint is left: start a new run")
         raise CheckpointError(f"{path} is damaged ({damage}); {advice}")
+    if not isinstance(state, dict):  # a file of the right name that holds something else
+        raise CheckpointError(f"{path} is not a checkpoint (it holds a {type(state).__name__}, "
+                              f"not a training state): move it out of {directory}, or start a "
+                              f"new run")
     missing = {"format", "step", "model", "optimizer", "rng", "history", "settings"} - set(state)
     if missing or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a checkpoint of this version of moe_tutorial "
@@ -224,7 +228,7 @@ def check_same_run(state: dict, what: str, saved: dict, now: dict) -> None:
                            for k in differing)
         raise CheckpointError(f"{state['path']} was saved by a run with other {what} ({detail}). "
                               f"Resume with the checkpoint's {what}, or start a new run in "
-                              f"another --checkpoint-dir")
+                              f"another directory")
 
 
 def rng_state() -> dict:

@@ -172,7 +172,11 @@ class FastaRecord:
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, text) of a plain or gzipped text file, one line at a time."""
     with open(path, "rb") as f:
-        gzipped = f.read(2) == _GZIP_MAGIC  # the content decides, not the file name
+        start = f.read(2)
+    gzipped = start == _GZIP_MAGIC  # the content decides, not the file name
+    if start in (b"\xff\xfe", b"\xfe\xff"):  # the byte-order mark of UTF-16 (Windows' "Unicode")
+        raise FastaFormatError(f"{path}: UTF-16 text; save it as UTF-8 (in Notepad: Save As, "
+                               f"Encoding UTF-8), or convert it: iconv -f UTF-16 -t UTF-8")
     number = 0
     with (gzip.open if gzipped else open)(path, "rb") as f:
         try:
@@ -361,6 +365,16 @@ def iterate_batches(
     that same sequence (a resumed run continues where it stopped): the epochs before it only
     draw their orders, no window is copied.
     """
+    if not isinstance(packed, torch.Tensor):
+        raise ValueError(f"packed must be a tensor of token windows (pack_sequences' output), "
+                         f"not a {type(packed).__name__}")
+    if packed.dim() != 2 or packed.shape[1] < 2:
+        raise ValueError(f"packed has shape {tuple(packed.shape)} ({packed.dim()} dimension(s)); "
+                         f"it needs [n_windows, seq_len + 1] with seq_len >= 1, as "
+                         f"pack_sequences returns")
+    if packed.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"packed has dtype {packed.dtype}; token ids are integers: pack the "
+                         f"sequences with pack_sequences, or convert with packed.long()")
     n_windows = packed.shape[0]
     check_count("batch_size", batch_size)
     check_count("start", start, least=0)

@@ -23,7 +23,6 @@ A parallel layout plugs in through two hooks, as in torchtitan's one `train_step
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import numbers
 import time
@@ -33,7 +32,8 @@ from dataclasses import asdict, dataclass, is_dataclass
 import torch
 from tqdm.auto import tqdm
 
-from ..moe.model import MoEForCausalLM, check_batch, is_expert_parameter
+from ..moe.batch import check_batch
+from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..precision import hardware
 from . import checkpoint as ckpt
 from .data import check_count, check_positive_number, iterate_batches
@@ -176,203 +176,6 @@ def set_learning_rate(optimizer, lr: float) -> None:
             group["lr"] = lr
 
 
-class StepInBackward:
-    """AdamW stepped inside the backward pass: each parameter group is updated as soon as the
-    gradients of its parameters are complete (`Tensor.register_post_accumulate_grad_hook`), and
-    those gradients are freed at once, so no step holds every gradient at the same time (a lower
-    peak). On a GPU the updates run on a side CUDA stream (`overlap=True`, the default), so the
-    optimizer's memory-bound kernels can run beside the rest of the backward pass's GEMMs, and in
-    its idle gaps, instead of after it: a host sync of the backward pass (e.g. TE's
-    `split_sizes.tolist()`) waits for its own stream only. On the backward pass's own stream they
-    would only be interleaved with it, in series (`overlap=False`; measured on the H200: no faster
-    than stepping after the backward pass). `step()` makes the next step wait for the last update.
-
-    Two ways to update, the same AdamW as `torch.optim.AdamW` over the same parameter groups:
-    - `compiled=False`: one AdamW per parameter with its group's options (fused on a GPU: one
-      kernel per parameter), stepped when that parameter's gradient is complete;
-    - `compiled=True`: one update per group, by torch.compile's kernels (the foreach AdamW that
-      `compiled_adamw` compiles), once every gradient of the group is complete. Pass groups of one
-      layer each (`layer_groups`): the layers' groups have the same shapes, so they share one
-      compiled update, and each is updated while the layers before it are still in the backward
-      pass. The learning rate is a tensor, as in `compiled_adamw` (`set_learning_rate`).
-
-    What it costs in flexibility, refused by name where it would give a wrong answer
-    (`train_step`):
-    - no global-norm gradient clipping: the norm needs every gradient before the first update;
-    - one process: a data-parallel engine reduces the gradients across ranks after they are
-      computed, and the update must wait for that (`after_backward`, e.g. the replicated
-      engine's all-reduce, is refused: it would run after the updates);
-    - one backward pass per step (no gradient accumulation over micro-batches: every backward
-      pass updates);
-    - the divergence guard can only report a non-finite loss after the update was applied;
-    - `train` does not take it: its checkpoints save one optimizer's state.
-    `zero_grad()` does nothing (every gradient was freed); `param_groups` are the updates' groups,
-    so a learning-rate schedule that sets them (`set_learning_rate`) works unchanged."""
-
-    def __init__(self, param_groups: list[dict], *, overlap: bool = True, compiled: bool = False,
-                 **defaults):
-        self._optimizers = {}  # parameter -> the AdamW that updates it
-        # AdamW -> its parameters whose gradient is not complete yet this step (one parameter
-        # each without `compiled`)
-        self._waiting = {}
-        self._hooks = []
-        self._stream = None  # the side stream, made on the first CUDA update when `overlap`
-        self._overlap, self._compiled = overlap, compiled
-        for group in param_groups:
-            options = {k: v for k, v in group.items() if k != "params"}
-            params = [p for p in group["params"] if p.requires_grad]
-            if any(p in self._optimizers for p in params) or len(set(params)) < len(params):
-                raise ValueError("a parameter appears in two groups")
-            updated_together = ([params] if compiled and params else [[p] for p in params])
-            for together in updated_together:
-                optimizer = (_bucket_adamw(together, options, defaults) if compiled else
-                             torch.optim.AdamW([{"params": together, **options}], **defaults))
-                self._waiting[optimizer] = set(together)
-                self._optimizers.update(dict.fromkeys(together, optimizer))
-            self._hooks += [p.register_post_accumulate_grad_hook(self._ready) for p in params]
-        if not self._optimizers:
-            raise ValueError("StepInBackward got no parameter that requires a gradient")
-
-    def _ready(self, param: torch.Tensor) -> None:
-        optimizer = self._optimizers[param]
-        waiting = self._waiting[optimizer]
-        waiting.discard(param)
-        if not waiting:  # the optimizer's last gradient of this step
-            self._update(optimizer)
-
-    @torch.no_grad()
-    def _update(self, optimizer: torch.optim.AdamW) -> None:
-        params = [p for p in optimizer.param_groups[0]["params"] if p.grad is not None]
-        self._waiting[optimizer] = set(optimizer.param_groups[0]["params"])  # for the next step
-        step = (lambda: _compiled_adamw_update(optimizer, params)) if self._compiled else (
-            optimizer.step)
-        if not (self._overlap and params[0].is_cuda):
-            step()
-        else:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(params[0].device)
-            # The side stream starts once the gradients (and everything before them) are computed
-            self._stream.wait_stream(torch.cuda.current_stream(params[0].device))
-            with torch.cuda.stream(self._stream):
-                step()
-            # The allocator must not hand a gradient's memory to the backward pass's stream
-            # before the side stream has read it
-            for param in params:
-                param.grad.record_stream(self._stream)
-        for param in params:
-            param.grad = None  # freed now, not at the end of the step
-
-    @property
-    def param_groups(self) -> list[dict]:
-        optimizers = dict.fromkeys(self._optimizers.values())  # each once, in order
-        return [group for opt in optimizers for group in opt.param_groups]
-
-    def step(self) -> None:
-        """Every parameter was updated during the backward pass, except, with `compiled`, a group
-        some of whose parameters got no gradient this step: those with one are updated now. On a
-        GPU, the work queued after this (the next forward pass) waits for the side stream's last
-        update."""
-        for optimizer, waiting in self._waiting.items():
-            if waiting != set(optimizer.param_groups[0]["params"]):
-                self._update(optimizer)
-        if self._stream is not None:
-            torch.cuda.current_stream(self._stream.device).wait_stream(self._stream)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to clear: every gradient was freed after its update."""
-
-    def remove(self) -> None:
-        """Detach the hooks: later backward passes no longer update the parameters."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks.clear()
-
-
-def _bucket_adamw(params: list[torch.Tensor], options: dict, defaults: dict) -> torch.optim.AdamW:
-    """The AdamW that holds one compiled group's options and state: a tensor learning rate (a
-    schedule changes its value, not the compiled graph) and torch's own state layout
-    (`exp_avg`, `exp_avg_sq`, a float32 `step` on the device, as its capturable AdamW keeps)."""
-    settings = {**defaults, **options}
-    unsupported = sorted(k for k in ("amsgrad", "maximize", "fused", "foreach", "capturable")
-                         if settings.get(k))
-    if unsupported:
-        raise ValueError(f"StepInBackward(compiled=True) runs torch.compile's foreach AdamW; it "
-                         f"does not take {unsupported}: leave them out")
-    device = params[0].device
-    settings["lr"] = torch.as_tensor(settings.get("lr", 1e-3), dtype=torch.float32,
-                                     device=device).clone()
-    optimizer = torch.optim.AdamW([{"params": params}], **settings)
-    for p in params:
-        optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=device),
-                              "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                              "exp_avg_sq": torch.zeros_like(p,
-                                                             memory_format=torch.preserve_format)}
-    return optimizer
-
-
-def _compiled_adamw_update(optimizer: torch.optim.AdamW, params: list[torch.Tensor]) -> None:
-    """One AdamW update of `params` (of `optimizer`'s one group) by the compiled foreach AdamW."""
-    group, state = optimizer.param_groups[0], optimizer.state
-    beta1, beta2 = group["betas"]
-    _compiled_foreach_adamw()(
-        params, [p.grad for p in params], [state[p]["exp_avg"] for p in params],
-        [state[p]["exp_avg_sq"] for p in params], [state[p]["step"] for p in params],
-        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"],
-        eps=group["eps"])
-
-
-@functools.cache
-def _compiled_foreach_adamw():
-    """torch's functional foreach AdamW under torch.compile, made once: its guards are on the
-    lists' lengths, shapes and dtypes, so groups of the same shapes (one per layer) share one
-    compiled update. Static shapes: a group of other shapes compiles its own."""
-    from torch.optim.adamw import adamw
-
-    def update(params, grads, exp_avgs, exp_avg_sqs, steps, *, lr, beta1, beta2, weight_decay,
-               eps):
-        adamw(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=True, capturable=True,
-              amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=weight_decay, eps=eps,
-              maximize=False)
-
-    return torch.compile(update, dynamic=False)
-
-
-def layer_of(name: str) -> str:
-    """The block a parameter belongs to, by its name: up to its layer index (`layers.3` of
-    `layers.3.mlp.experts.fc1.weight0`, `model.layers.0` of HF's), else its module (`lm_head`,
-    `embed_tokens`)."""
-    parts = name.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[:i + 1])
-    return ".".join(parts[:-1]) or name
-
-
-def layer_groups(model: torch.nn.Module, groups: list[dict]) -> list[dict]:
-    """`groups` split by layer (`layer_of`), each piece keeping its group's options: what
-    `StepInBackward(compiled=True)` updates as one, as soon as that layer's gradients are
-    complete."""
-    names = {p: name for name, p in model.named_parameters()}
-    split = []
-    for group in groups:
-        layers = {}
-        for param in group["params"]:
-            layers.setdefault(layer_of(names[param]), []).append(param)
-        split += [{**group, "params": params} for params in layers.values()]
-    return split
-
-
-def make_step_in_backward(model: torch.nn.Module, s: TrainSettings, *,
-                          compiled: bool = False) -> StepInBackward:
-    """`make_optimizer`'s AdamW (same groups: matrices decay, vectors do not), stepped in the
-    backward pass (`StepInBackward`); `compiled`: one compiled update per layer's group."""
-    groups = _adamw_groups(model, s)
-    if compiled:
-        return StepInBackward(layer_groups(model, groups), compiled=True, lr=s.lr, betas=s.betas)
-    return StepInBackward(groups, lr=s.lr, betas=s.betas,
-                          fused=next(model.parameters()).is_cuda or None)
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, packed: torch.Tensor, batch_size: int,
              max_batches: int | None = None) -> float:
@@ -417,13 +220,6 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
     output with `.loss` or the loss itself. `guard`: wait for the loss and the gradient norm and
     raise `TrainingDiverged` before a non-finite update is applied (the one host sync of the
     step; a benchmark that times the step turns it off to keep the GPU's queue full)."""
-    in_backward = isinstance(optimizer, StepInBackward)
-    if in_backward and (grad_clip is not None or after_backward is not None):
-        raise ValueError(
-            "the optimizer steps in the backward pass (StepInBackward), so "
-            + ("global-norm clipping cannot run: the norm needs every gradient before the first "
-               "update; pass grad_clip=None" if grad_clip is not None else
-               "after_backward would run after the updates; use make_optimizer instead"))
     inputs, targets = batch
     output = (forward or model)(inputs, targets)
     loss = loss_of(output)
@@ -443,9 +239,7 @@ def train_step(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor],
         values = [loss.item()] + ([grad_norm.item()] if grad_norm is not None else [])
         if not all(math.isfinite(v) for v in values):
             raise TrainingDiverged(f"loss={values[0]}, gradient norm="
-                                   f"{values[1] if grad_norm is not None else 'not computed'}"
-                                   + ("; the update was already applied (the optimizer steps in "
-                                      "the backward pass)" if in_backward else ""))
+                                   f"{values[1] if grad_norm is not None else 'not computed'}")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if isinstance(model, MoEForCausalLM):

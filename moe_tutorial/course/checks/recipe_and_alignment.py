@@ -62,8 +62,8 @@ def _recipe_cases() -> list[Case]:
 def _verify_recipe(case: Case, call) -> None:
     caps, preference = case.args
     got = call(caps, preference)
-    if isinstance(got, recipes.RecipeChoice):
-        raise Failure("you returned recipes.recipe_for's RecipeChoice; the table below unpacks "
+    if isinstance(got, recipes.Precision):
+        raise Failure("you returned recipes.recipe_for's Precision; the table below unpacks "
                       "two values, so return (choice.name, choice.align)")
     name, align = expect_tuple(got, 2, "(recipe name, alignment)")
     if not isinstance(name, str):

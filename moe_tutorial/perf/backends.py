@@ -1,0 +1,144 @@
+"""The expert backends side by side, as notebook 05 shows them: each one's output and gradients
+against the naive loop, which path ran (TE or its pure-PyTorch counterpart), and their timings
+beside the course's committed H200 run of the same shapes.
+
+The measurements are the package's own (`experts.convert_experts`, `bench.bench_expert_layer`);
+this module runs one forward and backward pass per backend and draws the tables."""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..moe import experts
+from ..precision.quant import rel_error
+from . import results, widgets
+
+QUANTITIES = ("out", "d_hidden", "d_weights", "d_gate_up", "d_down")
+QUANTITY_HEADERS = ("output", "d hidden", "d routing weights", "d gate_up_proj", "d down_proj")
+
+
+def forward_backward(module, hidden, indices, weights, grad_out, *, recipe=None) -> dict:
+    """The output and every gradient of one forward and backward pass of an experts module
+    (under `te.autocast(recipe=recipe)` where a recipe is given): the output, the gradients of
+    the hidden states and the routing weights, the weight gradients in HF layout, and
+    `last_path`, what the module ran."""
+    for p in module.parameters():
+        p.grad = None
+    x = hidden.clone().requires_grad_()
+    w = weights.clone().requires_grad_()
+    if recipe is not None:
+        from ..precision import hardware
+
+        context = hardware.transformer_engine().autocast(enabled=True, recipe=recipe)
+    else:
+        context = contextlib.nullcontext()
+    with context:
+        out = module(x, indices, w)
+    out.backward(grad_out)
+    d_gate_up, d_down = module.hf_gradients()
+    return dict(out=out.detach(), d_hidden=x.grad, d_weights=w.grad, d_gate_up=d_gate_up.clone(),
+                d_down=d_down.clone(), path=module.last_path)
+
+
+def backend_module(reference: experts.ExpertMLP, backend: str, **options):
+    """An experts module running `backend` with `reference`'s weights, leaving `reference` as
+    it is (the torch backends share parameters, so grouped_torch gets a copy of its own)."""
+    if backend == "naive":
+        return reference
+    if backend in experts.TORCH_BACKENDS:
+        module = experts.ExpertMLP(reference.num_experts, reference.hidden_size,
+                                   reference.intermediate_size, backend,
+                                   dtype=reference.gate_up_proj.dtype,
+                                   device=reference.gate_up_proj.device)
+        module.load_hf_weights(*reference.hf_weights())
+        return module
+    return experts.convert_experts(reference, backend, **options)
+
+
+def check_backends(reference: experts.ExpertMLP, cases: dict[str, tuple[str, dict]], hidden,
+                   indices, weights, grad_out) -> dict[str, dict]:
+    """`forward_backward` of each case {name: (backend, options)}, all on `reference`'s
+    weights."""
+    return {name: forward_backward(backend_module(reference, backend, **options), hidden, indices,
+                                   weights, grad_out)
+            for name, (backend, options) in cases.items()}
+
+
+def errors_against(checked: dict[str, dict], base: str = "naive") -> dict[str, dict[str, float]]:
+    """Each case's relative error against `base`, per quantity of `QUANTITIES`."""
+    return {name: {q: rel_error(r[q], checked[base][q]) for q in QUANTITIES}
+            for name, r in checked.items()}
+
+
+def agreement_table(checked: dict[str, dict], errors: dict[str, dict[str, float]], *,
+                    title: str) -> widgets.Table:
+    return widgets.Table(["backend", *QUANTITY_HEADERS, "what ran (last_path)"],
+                         [[name, *[f"{errors[name][q]:.1e}" for q in QUANTITIES],
+                           checked[name]["path"]] for name in checked], title=title)
+
+
+def variant_label(row: dict) -> str:
+    return f"{row['backend']} {row['precision']}"
+
+
+def timing_table(timings: dict[str, list[dict]], *, title: str) -> widgets.Table:
+    """`bench.bench_expert_layer`'s rows of each shape: time, TFLOP/s, speedup against the loop,
+    error against the loop and what ran (or why a variant did not)."""
+    rows = []
+    for shape, results_ in timings.items():
+        for r in results_:
+            if r.get("status") == "ok":
+                rows.append([shape, variant_label(r), f"{r['median_ms']:.2f}", f"{r['tflops']:.3g}",
+                             f"{r.get('speedup_vs_loop', float('nan')):.2f}x",
+                             f"{r['rel_error']:.1e}", r["path"]])
+            else:
+                rows.append([shape, variant_label(r), r.get("status", "?").upper(), "", "", "",
+                             (r.get("error") or str(r.get("rel_error", "")))[:160]])
+    return widgets.Table(["shape", "variant", "ms", "TFLOP/s", "vs loop", "rel. error",
+                          "what ran"], rows, title=title)
+
+
+def committed_h200_table(shapes) -> widgets.Table | None:
+    """The course's committed one-H200 timings (benchmarks/results/h200.json) of the expert layer
+    for the shapes of `shapes`, balanced routing; None where the file or the shapes are
+    missing."""
+    found = results.find(results.H200)
+    if found is None:
+        return None
+    report = results.read(found)
+    env = report["environment"]
+    rows = [[r["shape"], variant_label(r), f"{r['median_ms']:.2f}",
+             f"{r.get('speedup_vs_loop', float('nan')):.2f}x"]
+            for r in report["results"] if r["part"] == "expert" and r["routing"] == "balanced"
+            and r["shape"] in shapes and r.get("status") == "ok"]
+    if not rows:
+        return None
+    return widgets.Table(["shape", "variant", "ms", "vs loop"], rows,
+                         title=f"measured by the course on one {env['gpu']}, {env['date']} "
+                               f"(torch {env['torch']}, TE {env['transformer_engine']}; "
+                               f"{results.H200})")
+
+
+def timing_figure(timings: dict[str, list[dict]], *, title: str):
+    """Forward + backward time and speedup against the loop of every variant that ran, per
+    shape; None without plotly."""
+    go = widgets.plotly_go()
+    if go is None:
+        return None
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("forward + backward (ms)",
+                                                        "speedup vs the naive loop"))
+    for i, (shape, rows) in enumerate(timings.items()):
+        ok = [r for r in rows if r.get("status") == "ok"]
+        color = widgets.PALETTE[i % len(widgets.PALETTE)]
+        labels = [variant_label(r) for r in ok]
+        fig.add_trace(go.Bar(x=labels, y=[r["median_ms"] for r in ok], name=shape,
+                             marker_color=color), row=1, col=1)
+        fig.add_trace(go.Bar(x=labels, y=[r.get("speedup_vs_loop", 0) for r in ok], name=shape,
+                             marker_color=color, showlegend=False), row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color="gray", dash="dot"), row=1, col=2)
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_layout(title=title, height=420, template="plotly_white", barmode="group",
+                      margin=dict(t=70), legend=dict(orientation="h", y=-0.35))
+    return fig

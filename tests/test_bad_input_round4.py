@@ -9,6 +9,7 @@ replaced by `fast_papermill`), models of the tiny preset."""
 
 from __future__ import annotations
 
+import ast
 import gzip
 import json
 import re
@@ -288,8 +289,12 @@ def test_every_notebook_hands_its_live_parameter_to_setup(path):
     source = "\n".join("".join(c["source"]) for c in cells)
     if not re.search(r"^LIVE = ", source, re.MULTILINE):
         pytest.skip("no LIVE parameter")
-    calls = re.findall(r"\bsetup\(MODE, [^\n]*", source)
-    assert calls and all("live=LIVE" in call for call in calls), calls
+    calls = [node for cell in cells for node in ast.walk(ast.parse("".join(cell["source"])))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup"]
+    assert calls, "no setup(...) call"
+    for call in calls:
+        live = [k.value for k in call.keywords if k.arg == "live"]
+        assert [getattr(v, "id", None) for v in live] == ["LIVE"], ast.unparse(call)[:200]
 
 
 # ---------------------------------------------------------------------------------------------

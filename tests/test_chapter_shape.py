@@ -48,13 +48,6 @@ MAX_PRINTED_WORDS = 150
 REPEATED_PARAGRAPH_WORDS = 40
 PRINTING = ("print", "Markdown", "display_markdown", "HTML")  # calls whose text a reader reads
 
-# Chapters that miss the shape on this branch while they are being rewritten: expected to fail
-# until then (the marks come off as each chapter is finished).
-REWRITING = "chapter being rewritten to the course's chapter shape"
-_ALL = {f"{n:02d}" for n in range(1, 9)}
-_REWRITTEN = {"01", "02", "03", "04", "05"}
-NOT_YET = {test: _ALL - _REWRITTEN for test in ("header", "idea", "cells", "printed")}
-
 
 def _cells(notebook: Path) -> list[dict]:
     return json.loads(notebook.read_text(encoding="utf-8"))["cells"]
@@ -74,9 +67,8 @@ def _parse(source: str) -> ast.Module:
                                for line in source.splitlines()))
 
 
-def _chapters(test: str) -> list:
-    return [pytest.param(nb, id=nb.stem, marks=pytest.mark.xfail(strict=False, reason=REWRITING))
-            if nb.name[:2] in NOT_YET[test] else pytest.param(nb, id=nb.stem) for nb in CHAPTERS]
+def _chapters() -> list:
+    return [pytest.param(nb, id=nb.stem) for nb in CHAPTERS]
 
 
 def _only_setup(source: str) -> bool:
@@ -172,7 +164,7 @@ def test_the_chapters_are_there():
     assert [nb.name[:2] for nb in CHAPTERS] == [f"{n:02d}" for n in range(1, 9)]
 
 
-@pytest.mark.parametrize("chapter", _chapters("header"))
+@pytest.mark.parametrize("chapter", _chapters())
 def test_a_chapter_header_states_its_time_prerequisites_and_exercise(chapter):
     header = next(_source(c) for c in _cells(chapter) if c["cell_type"] == "markdown")
     missing = [what for what, there in [
@@ -185,7 +177,7 @@ def test_a_chapter_header_states_its_time_prerequisites_and_exercise(chapter):
     assert not missing, f"{chapter.name}'s first markdown cell lacks " + "; ".join(missing)
 
 
-@pytest.mark.parametrize("chapter", _chapters("idea"))
+@pytest.mark.parametrize("chapter", _chapters())
 def test_a_chapter_opens_with_the_idea_in_plain_pytorch(chapter):
     cells = _cells(chapter)
     idea = _first_idea_cell(cells)
@@ -202,7 +194,7 @@ def test_a_chapter_opens_with_the_idea_in_plain_pytorch(chapter):
                           + "; ".join(problems) + f"\n{idea}")
 
 
-@pytest.mark.parametrize("chapter", _chapters("cells"))
+@pytest.mark.parametrize("chapter", _chapters())
 def test_a_chapter_is_built_of_small_code_cells(chapter):
     sizes = [(_lines(_source(c)), i) for i, c in enumerate(_cells(chapter)) if c["cell_type"] == "code"]
     long = [f"cell {i}: {n} lines" for n, i in sizes if n > MAX_CELL_LINES]
@@ -212,7 +204,7 @@ def test_a_chapter_is_built_of_small_code_cells(chapter):
         f"{median} lines (at most {MAX_MEDIAN_LINES})")
 
 
-@pytest.mark.parametrize("chapter", _chapters("printed"))
+@pytest.mark.parametrize("chapter", _chapters())
 def test_a_chapter_says_its_conclusions_in_markdown_not_in_prints(chapter):
     per_cell = [(printed_words(_source(c)), i) for i, c in enumerate(_cells(chapter))
                 if c["cell_type"] == "code"]

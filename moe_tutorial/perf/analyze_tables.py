@@ -1,0 +1,96 @@
+"""`analyze`'s reports, shown: the recommendation per GPU architecture, the shipped published
+configs side by side, and the families the conversion reads. Chapter 08 calls these; each
+returns the numbers it showed."""
+
+from __future__ import annotations
+
+from ..moe import families
+from . import widgets
+
+
+def count_text(n: float) -> str:
+    """A parameter count as text: 30.53 B, 919.67 M."""
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def show_recommendation(report: dict) -> dict:
+    """A report's four recommended items (backend, recipe, alignment, layout) per machine, side by
+    side. On a CPU the machines are the GPU architectures the course describes; on a GPU, that
+    GPU. A layout of None means none was chosen. Returns {machine: {item: choice}}."""
+    machines = report["recommendation"]["machines"]
+    items = [item["item"] for item in next(iter(machines.values()))]
+    widgets.show_table(widgets.Table(
+        ["", *machines], [[item, *(str(machines[m][i]["choice"]) for m in machines)] for i, item in enumerate(items)],
+        title=f"{report['model']['name']}: recommended at {report['recommendation']['judged_at']}"))
+    return {m: {item["item"]: item["choice"] for item in chosen} for m, chosen in machines.items()}
+
+
+def _router_text(c: dict) -> str:
+    text = (f"sigmoid, top-{c['top_k']} in the best {c['topk_group']} of {c['n_group']} groups" if c["router"] == "sigmoid"
+            else f"softmax, top-{c['top_k']}")
+    text += ", renormalised" if c["norm_topk_prob"] else ", not renormalised"
+    return text + (f", × {c['routed_scaling_factor']:g}" if c["routed_scaling_factor"] != 1 else "")
+
+
+def _shared_text(c: dict) -> str:
+    width = c["shared_expert_intermediate_size"]
+    return f"{width} wide, {'gated' if c['shared_expert_gate'] else 'ungated'}" if width else "none"
+
+
+def _at_tokens(rows: list[dict], tokens: int) -> dict:
+    return next(row for row in rows if row["tokens_per_gpu"] == tokens)
+
+
+def show_shipped(shipped: dict, pad_tokens: int, pad_align: int) -> dict:
+    """The shipped configs' reports side by side: shape, router, shared expert, parameters, rows
+    per expert and the padding share at `pad_tokens` per GPU and alignment `pad_align` (balanced
+    routing), and how many layouts fit. What a report leaves out goes in the note. Returns
+    {name: padding share}."""
+    padding, rows, notes = {}, [], []
+    for name, r in shipped.items():
+        c, p = r["model"]["config"], r["parameters"]
+        gemm = _at_tokens(r["expert_gemms"], pad_tokens)
+        padding[name] = next(a["balanced"] for a in _at_tokens(r["padding"], pad_tokens)["alignments"]
+                             if a["align"] == pad_align)
+        whole = "total" in p
+        rows.append([name, c["num_layers"], c["hidden_size"], f"{c['num_experts']} × {c['intermediate_size']}",
+                     _router_text(c), _shared_text(c), count_text(p["total"]) if whole else "– (MoE block)",
+                     count_text(p["active_per_token"]) if whole else f"experts: {count_text(p['experts_active_per_token'])}",
+                     f"{gemm['rows_per_expert']:g}", f"{padding[name]:.0%}",
+                     f"{sum(row['fits'] for row in r['memory']['rows'])} of {len(r['memory']['rows'])}"])
+        notes += [f"{name}: {line}" for line in r["scope"]["out_of_scope"] + r["scope"]["notes"]]
+    settings = next(iter(shipped.values()))["settings"]
+    widgets.show_table(widgets.Table(
+        ["config", "MoE layers", "hidden", "experts × width", "router", "shared expert", "parameters", "active per token",
+         f"rows per expert at {pad_tokens:,} tokens", f"padding at align {pad_align}",
+         f"layouts of {settings['gpus']} GPUs that fit"], rows,
+        title="Published MoEs, analysed from the configs shipped in moe_tutorial/configs (no weights)",
+        note=f"rows per expert and padding: balanced routing, {pad_tokens:,} tokens per GPU; memory: {settings['batch']} × "
+             f"{settings['seq_len']} tokens per GPU, {settings['gpu_gib']:g} GiB GPUs, bf16. " + " ".join(notes)))
+    return padding
+
+
+def show_shipped_recommendations(shipped: dict) -> None:
+    """What `analyze` recommends for each shipped config, per machine, with the layout's reason."""
+    rows = []
+    for name, r in shipped.items():
+        for machine, chosen in r["recommendation"]["machines"].items():
+            layout = next(item["reason"] for item in chosen if item["item"] == "layout")
+            rows.append([name, machine, *(str(item["choice"]) for item in chosen), layout])
+    items = [item["item"] for item in next(iter(next(iter(shipped.values()))["recommendation"]["machines"].values()))]
+    widgets.show_table(widgets.Table(
+        ["config", "machine", *items, "why this layout"], rows,
+        title=f"The recommendation for each shipped config ({next(iter(shipped.values()))['recommendation']['judged_at']})"))
+
+
+def show_families() -> None:
+    """families.FAMILIES, the table the conversion reads: per family the transformers class, which
+    HF field holds each MoEConfig field, and what the family's modeling code fixes."""
+    rows = [[key, f.causal_lm, f.fields["num_experts"], f.fields["intermediate_size"],
+             f.fields.get("norm_topk_prob", "– (always)"), ", ".join(f"{k}={v!r}" for k, v in f.fixed.items()) or "–"]
+            for key, f in families.FAMILIES.items()]
+    widgets.show_table(widgets.Table(
+        ["model_type", "transformers class", "experts from", "expert width from", "renormalise from", "fixed by the family"],
+        rows, title="families.FAMILIES: how each family's config maps onto MoEConfig",
+        note=f"moe.hf.from_hf converts: {families.supported_classes()}"))
+

@@ -6,6 +6,7 @@ do what a person does and look at the page, in JupyterLab started as `make lab` 
 browser_lab.py). Screenshots land in build/browser-artifacts/ (and, with MOE_TUTORIAL_UPDATE_DOCS=1,
 as tools/screenshots.py runs them, the pictures in docs/)."""
 
+import json
 import os
 import re
 import shutil
@@ -88,7 +89,7 @@ def grouped_linear(lab, browser):
             return
         if live[0] and (not counts or live[0] != counts[-1]):
             counts.append(live[0])
-            if mid_shot is None and live[0] >= 12:  # a few measurements in
+            if mid_shot is None and live[0] >= 4:  # a few measurements in
                 mid_shot = nb.screenshot_live_figure("dashboard-mid-run")
 
     time.sleep(1)
@@ -105,7 +106,7 @@ def test_live_dashboard_redraws_while_the_cells_run_in_jupyterlab(grouped_linear
     """The live figure itself gains points while the kernel is busy (the static figure that
     replaces it at the end does not count), then gives way to that static figure."""
     nb, counts, mid_shot = grouped_linear
-    final = nb.screenshot_plot("dashboard-end", "02 · grouped GEMMs")
+    final = nb.screenshot_plot("dashboard-end", "experts forward+backward")
     if len(counts) < 3 or counts != sorted(counts):
         nb.fail(f"the live dashboard did not redraw while the cells ran (points in its live "
                 f"figure, each time they changed: {counts})")
@@ -152,10 +153,24 @@ def test_a_prediction_is_answered_and_regraded_in_jupyterlab(grouped_linear):
     _keep_for_docs(nb.screenshot_element(cell, "predict-graded"), "predict-graded.png")
 
 
-def test_the_skew_slider_remeasures_in_jupyterlab(grouped_linear):
+@pytest.fixture(scope="module")
+def expert_parallel(lab, browser):
+    """Notebook 07 run top to bottom with Run All."""
+    nb = _open(browser, lab, "notebooks/07_expert_parallel.ipynb")
+    nb.run_all()
+    time.sleep(1)
+    nb.wait_for_idle(NOTEBOOK_TIMEOUT_S)
+    errors = nb.error_outputs()
+    if errors:
+        nb.fail(f"error output in the notebook: {errors[0][:500]}")
+    yield nb
+    nb.page.close()
+
+
+def test_the_skew_slider_remeasures_in_jupyterlab(expert_parallel):
     """Move the routing-skew explorer's slider to one hot expert: the explorer measures that skew
     live and redraws its table and figure."""
-    nb, _, _ = grouped_linear
+    nb = expert_parallel
     explorer = nb.page.locator(f"{ACTIVE} .{SKEW_EXPLORER_CLASS}").first
     explorer.scroll_into_view_if_needed()
     caption = explorer.locator(f".{SKEW_OUTPUT_CLASS} table caption").first
@@ -196,8 +211,17 @@ def test_where_the_time_goes_bars_render_in_jupyterlab(lab, browser):
 
 STAND_IN = "te_grouped_linear: pure-PyTorch stand-in of te.GroupedLinear"
 EXERCISE = Path("exercises/01_router_and_loop.ipynb")
-# The solution cell of exercise 01's router (cell 4), a plausible wrong answer, and the check cell.
-ROUTER_CELL, ROUTER_CHECK_CELL = 4, 5
+
+
+def _cell_index(path: Path, text: str) -> int:
+    """The index of the first cell of the notebook at `path` whose source contains `text`."""
+    cells = json.loads((ROOT / path).read_text(encoding="utf-8"))["cells"]
+    return next(i for i, cell in enumerate(cells) if text in "".join(cell["source"]))
+
+
+# The solution cell of exercise 01's router, its check cell, and a plausible wrong answer.
+ROUTER_CELL = _cell_index(EXERCISE, "def route(")
+ROUTER_CHECK_CELL = _cell_index(EXERCISE, "checks.check_route(")
 CORRECT_ROUTER = '''def route(logits, top_k):
     probs = torch.softmax(logits.float(), dim=-1)
     weights, indices = torch.topk(probs, top_k, dim=-1)
@@ -238,7 +262,7 @@ def test_an_exercise_gives_feedback_in_jupyterlab(lab, browser):
     if sorted(n for n in listed if n.endswith(".ipynb")) != expected:
         nb.fail(f"the file browser's exercises/ lists {listed}, expected {expected}")
     if "def route(" not in nb.cell(ROUTER_CELL).inner_text():
-        nb.fail("cell 4 of exercise 01 is no longer the router's solution cell: update this test")
+        nb.fail(f"cell {ROUTER_CELL} of exercise 01 is not the router's solution cell")
     nb.run_all()  # the stubs run too: every check says "not implemented yet", nothing raises
     nb.wait_for_idle(NOTEBOOK_TIMEOUT_S)
     if nb.error_outputs():

@@ -27,9 +27,10 @@ def capturable_adamw(model: torch.nn.Module, lr: float, settings=None) -> torch.
 
 
 # The attention kernels a graphed step captures. cuDNN's fused attention, the model's first
-# choice (`model.ATTENTION_BACKENDS`), is left out: a CUDA graph holding it can fail on replay
-# with an illegal memory access, the cuDNN frontend's captured graph reading host memory that
-# was freed after capture (pytorch/pytorch#169849, open). FlashAttention-2 replays safely.
+# choice (`model.ATTENTION_BACKENDS`), is left out: the cuDNN frontend's captured graph can read
+# host memory freed after capture (pytorch/pytorch#169849, open), and replayed here its losses
+# leave the eager steps' curve while FlashAttention's follow it
+# (benchmarks/results/h100_gpu_tests.txt, the graph probes).
 GRAPH_SAFE_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                                  SDPBackend.MATH]
 

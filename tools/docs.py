@@ -542,24 +542,16 @@ NOT_ADOPTED = (("_step_in_backward", "AdamW stepped in the backward pass", "a777
 
 def not_adopted() -> str:
     """Each candidate measured and not adopted, with the commit its code is kept at, beside its
-    base variant in every committed run that timed both (`bench.committed_train_runs`)."""
-    from moe_tutorial.perf.bench import committed_train_runs, row_precision
+    base variant in every committed run that timed both (`run_history.gains_of_suffix`)."""
+    from moe_tutorial.perf.run_history import gains_of_suffix
 
     parts = []
     for suffix, what, commit in NOT_ADOPTED:
-        rows = []
-        for run, report in committed_train_runs():
-            train = {name: r for name, r in _train_rows(report).items() if r.get("status") == "ok"}
-            for name, r in train.items():
-                base = train.get(name.removesuffix(suffix))
-                if not name.endswith(suffix) or base is None:
-                    continue
-                rows.append([f"{_train_label(base['variant'])}, "
-                             f"{row_precision(base).replace('fp8', 'FP8')}",
-                             f"{base['median_ms']:.1f} → {r['median_ms']:.1f}",
-                             f"{base['median_ms'] / r['median_ms']:.3f}×",
-                             f"{base['peak_memory_gb']:.1f} → {r['peak_memory_gb']:.1f}",
-                             _link(run.removeprefix(RESULTS_LINK + "/"))])
+        rows = [[f"{_train_label(g['base'])}, {g['precision'].replace('fp8', 'FP8')}",
+                 f"{g['base_ms']:.1f} → {g['ms']:.1f}", f"{g['speedup']:.3f}×",
+                 f"{g['base_peak_gb']:.1f} → {g['peak_gb']:.1f}",
+                 _link(g["run"].removeprefix(RESULTS_LINK + "/"))]
+                for g in gains_of_suffix(suffix, what)]
         parts.append(f"{what} (its code: commit `{commit}`):\n\n" + _table(
             ["variant", "ms/step: without → with it", "speedup", "peak GiB", "run"],
             ["---", "---:", "---:", "---:", "---"], rows))

@@ -10,7 +10,8 @@ from pathlib import Path
 from . import bench
 from .widgets import Table
 
-STEP_IN_BACKWARD = "_step_in_backward"  # the not-adopted candidate's suffix in committed rows
+# the not-adopted candidate's suffix in committed rows, and what it changed
+STEP_IN_BACKWARD, STEP_IN_BACKWARD_TECHNIQUE = "_step_in_backward", "AdamW stepped in the backward pass"
 
 
 def _ok_rows(report: dict) -> dict[str, dict]:
@@ -32,24 +33,31 @@ def fp8_step_history() -> list[dict]:
     return history
 
 
-def candidate_gains() -> list[dict]:
-    """Every experiment the course did not adopt or adopted only in part, beside its base variant
-    from the same run: the compiled loss and AdamW (`bench.committed_candidate_gains`) and AdamW
-    stepped in the backward pass (committed rows only: its code left the package)."""
-    gains = bench.committed_candidate_gains()
+def gains_of_suffix(suffix: str, technique: str) -> list[dict]:
+    """Every committed row whose variant is a base variant's name plus `suffix` (a candidate
+    known only by its rows, its code gone), beside that base from the same run, oldest run first:
+    the fields of `bench.candidate_gains`, with `technique` naming what the suffix changed."""
+    gains = []
     for run, report in bench.committed_train_runs():
         rows = _ok_rows(report)
         for name, row in rows.items():
-            base = rows.get(name.removesuffix(STEP_IN_BACKWARD))
-            if not name.endswith(STEP_IN_BACKWARD) or base is None:
+            base = rows.get(name.removesuffix(suffix))
+            if not name.endswith(suffix) or base is None:
                 continue
-            gains.append({"variant": name, "base": base["variant"],
-                          "technique": "AdamW stepped in the backward pass",
+            gains.append({"variant": name, "base": base["variant"], "technique": technique,
                           "precision": bench.row_precision(base), "base_ms": base["median_ms"],
                           "ms": row["median_ms"], "speedup": base["median_ms"] / row["median_ms"],
                           "base_peak_gb": base["peak_memory_gb"], "peak_gb": row["peak_memory_gb"],
                           "run": run, "gpu": report["environment"]["gpu"]})
     return gains
+
+
+def candidate_gains() -> list[dict]:
+    """Every experiment the course did not adopt or adopted only in part, beside its base variant
+    from the same run: the compiled loss and AdamW (`bench.committed_candidate_gains`) and AdamW
+    stepped in the backward pass (committed rows only: its code left the package)."""
+    return bench.committed_candidate_gains() + gains_of_suffix(STEP_IN_BACKWARD,
+                                                               STEP_IN_BACKWARD_TECHNIQUE)
 
 
 def history_table() -> Table:

@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402  (after the thread settings, which torch reads when it loads)
 import torch  # noqa: E402
-from course_helpers import fake_checkout, fast_papermill  # noqa: F401  (fixtures for every test module)
+from course_helpers import fake_checkout, fast_papermill, no_work  # noqa: F401  (fixtures for every test module)
 
 # Marks of the tests that take the longest: they start first, so that the many short tests fill
 # the other worker around them instead of a long one starting last, on a worker of its own.

@@ -1,6 +1,7 @@
-"""What the runner's and the builder's tests share: small notebooks written to disk, a snapshot of
-a folder's files, and two fixtures (registered in conftest.py): the runner's fast path and a
-throwaway checkout of the course."""
+"""What the runner's, the builder's and the bad-input tests share: small notebooks written to disk,
+a snapshot of a folder's files, the check that a command line refuses in one line, and three
+fixtures (registered in conftest.py): the runner's fast path, a throwaway checkout of the course,
+and `no_work`, which stops a command the moment it starts its real work."""
 
 from pathlib import Path
 
@@ -54,3 +55,34 @@ def fake_checkout(tmp_path, monkeypatch):
     notebook(repo / "notebooks" / "00_setup.ipynb", "print(0)", parameters="MODE = ''")
     monkeypatch.chdir(repo)
     return repo
+
+
+class WorkStarted(Exception):
+    """The command got past its checks and started its real work."""
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Loading the training data ends a command-line case: a refusal must come before it."""
+    from moe_tutorial.train import data
+
+    def work(*args, **kwargs):
+        raise WorkStarted
+
+    monkeypatch.setattr(data, "load_protein_data", work)
+
+
+def one_line_error(capsys, argv: list[str], *words: str, code: int = 2) -> str:
+    """`main(argv)` exits with `code` and one line `error: ...` holding every one of `words`."""
+    from moe_tutorial.cli import main
+
+    try:
+        result = main(argv)
+    except SystemExit as exit:
+        result = exit.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert result == code, err
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    for word in words:
+        assert word in err[0], err[0]
+    return err[0]

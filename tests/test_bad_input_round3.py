@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from course_helpers import notebook
+from course_helpers import WorkStarted, notebook, one_line_error
 
 from moe_tutorial import safe_io
 from moe_tutorial.cli import main
@@ -44,33 +44,6 @@ from moe_tutorial.train.loop import (
 )
 
 SINGLE_PROCESS = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
-
-
-class WorkStarted(Exception):
-    """The command got past its checks and started its real work."""
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Loading the training data ends a command-line case: a refusal must come before it."""
-    def work(*args, **kwargs):
-        raise WorkStarted
-
-    monkeypatch.setattr(data, "load_protein_data", work)
-
-
-def one_line_error(capsys, argv: list[str], *words: str, code: int = 2) -> str:
-    """`main(argv)` exits with `code` and one line `error: ...` holding every one of `words`."""
-    try:
-        result = main(argv)
-    except SystemExit as exit:
-        result = exit.code
-    err = capsys.readouterr().err.strip().splitlines()
-    assert result == code, err
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    for word in words:
-        assert word in err[0], err[0]
-    return err[0]
 
 
 def leftovers(folder: Path) -> list[str]:

@@ -153,16 +153,23 @@ def test_a_prediction_is_answered_and_regraded_in_jupyterlab(grouped_linear):
     _keep_for_docs(nb.screenshot_element(cell, "predict-graded"), "predict-graded.png")
 
 
-@pytest.fixture(scope="module")
-def expert_parallel(lab, browser):
-    """Notebook 07 run top to bottom with Run All."""
-    nb = _open(browser, lab, "notebooks/07_expert_parallel.ipynb")
+def _run_all(browser, lab, path: str) -> Notebook:
+    """The notebook at `path` run top to bottom with Run All, until the kernel is idle, with no
+    error output."""
+    nb = _open(browser, lab, path)
     nb.run_all()
     time.sleep(1)
     nb.wait_for_idle(NOTEBOOK_TIMEOUT_S)
     errors = nb.error_outputs()
     if errors:
         nb.fail(f"error output in the notebook: {errors[0][:500]}")
+    return nb
+
+
+@pytest.fixture(scope="module")
+def expert_parallel(lab, browser):
+    """Notebook 07 run top to bottom with Run All."""
+    nb = _run_all(browser, lab, "notebooks/07_expert_parallel.ipynb")
     yield nb
     nb.page.close()
 
@@ -193,13 +200,7 @@ def test_the_skew_slider_remeasures_in_jupyterlab(expert_parallel):
 
 def test_where_the_time_goes_bars_render_in_jupyterlab(lab, browser):
     """Notebook 06's stacked bars of step time by part, for every chapter's step so far."""
-    nb = _open(browser, lab, "notebooks/06_end_to_end.ipynb")
-    nb.run_all()
-    time.sleep(1)
-    nb.wait_for_idle(NOTEBOOK_TIMEOUT_S)
-    errors = nb.error_outputs()
-    if errors:
-        nb.fail(f"error output in the notebook: {errors[0][:500]}")
+    nb = _run_all(browser, lab, "notebooks/06_end_to_end.ipynb")
     shot = nb.screenshot_plot("where-the-time-goes", "06 · where the time goes")
     if shot is None:
         nb.fail("no 'where the time goes' figure in notebook 06")

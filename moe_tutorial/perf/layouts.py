@@ -4,11 +4,11 @@ from its committed file. Chapter 07 calls these; each returns the numbers it sho
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from unittest import mock
 
 from ..parallel import distributed
 from . import memory, results, widgets
@@ -82,21 +82,11 @@ class Launches:
     def unit(self) -> str:
         return "GPU" if self.gpus else "process"
 
-    @contextlib.contextmanager
     def environment(self):
-        """What the launched processes inherit (this kernel's torch is unaffected); launch() adds
-        distributed.SAFE_NCCL_ENV itself."""
-        saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
-        if not self.gpus:
-            os.environ.update(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        """What the launched processes inherit (this kernel's torch is unaffected), restored on
+        leaving the block; launch() adds distributed.SAFE_NCCL_ENV itself."""
+        return mock.patch.dict(os.environ, {} if self.gpus else
+                               {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"})
 
     def run(self, nproc: int, *args: str, echo: bool = True) -> dict:
         """`torchrun -m moe_tutorial.perf.train_dist *args` on `nproc` processes; rank 0's gathered

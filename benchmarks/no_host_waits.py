@@ -5,8 +5,9 @@ the bf16 loop, TE's paths and the sync-free backends, then the training step of 
 (mixtral-2l, batch 2 × 4096) for the named variants, each row with its host-sync record
 (`bench._sync_record`), and writes a report in `bench --out`'s format (environment, measured
 peaks, results, summary), rewritten after every row so a run cut short keeps what it measured.
-With `--curve-steps N`, also the loss curves of N steps (`bench.train_loss_curves` for eager
-variants, `bench.graphed_loss_curves` for graphed ones) on the same batches.
+With `--curve-variants`, also their loss curves over `--curve-steps` steps
+(`bench.graphed_loss_curves`: eager variants through the course's loop, graphed ones through
+`GraphedTrainStep`) on the same batches of the shipped protein data.
 
     PYTHONPATH=.:$PYTHONPATH python3 benchmarks/no_host_waits.py --out FILE.json \\
         --train-variants hf_grouped_mm_compiled ours_sync_free_fp8_graphed ...
@@ -28,6 +29,7 @@ from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.perf import bench, speed_of_light
 from moe_tutorial.perf.timing import environment, measure_peaks
 from moe_tutorial.train import graphed
+from moe_tutorial.train.data import load_protein_data
 
 
 def main() -> None:
@@ -41,6 +43,8 @@ def main() -> None:
     parser.add_argument("--train-variants", nargs="*", default=[])
     parser.add_argument("--curve-variants", nargs="*", default=[])
     parser.add_argument("--curve-steps", type=int, default=80)
+    parser.add_argument("--curve-seq-len", type=int, default=256)
+    parser.add_argument("--curve-lr", type=float, default=1e-3)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--probe-graph", nargs=3, metavar=("ATTENTION", "ROPE", "BACKEND"),
                         help="only replay a graphed step of the tiny model with this attention "
@@ -81,7 +85,10 @@ def main() -> None:
         save()
     if args.curve_variants:
         config = preset("mixtral-2l")
-        for row in bench.graphed_loss_curves(config, args.curve_variants, steps=args.curve_steps):
+        windows = load_protein_data(args.curve_seq_len).train  # text to learn, unlike random ids
+        for row in bench.graphed_loss_curves(config, args.curve_variants, steps=args.curve_steps,
+                                             seq_len=args.curve_seq_len, lr=args.curve_lr,
+                                             windows=windows):
             save(row)
     report["complete"] = True
     save()

@@ -932,14 +932,24 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
 
 
 def graphed_loss_curves(config, variants, *, steps: int = 80, batch: int = 4, seq_len: int = 256,
-                lr: float = 1e-3, device="cuda") -> list[dict]:
+                        lr: float = 1e-3, device="cuda",
+                        windows: torch.Tensor | None = None) -> list[dict]:
     """Loss curves of `steps` steps from the same initial weights on the same batches: eager
     variants through `train_loss_curves` (the course's `train.train`), graphed ones
     (`Variant.graphed`) through `GraphedTrainStep` with the same settings (AdamW groups,
     betas, weight decay, the warm-up + cosine learning rate written into the graph's tensor lr
-    before each step, clipping to norm 1). One row per variant, as `train_loss_curves` gives."""
-    gen = torch.Generator().manual_seed(0)
-    windows = torch.randint(0, config.vocab_size, (steps * batch, seq_len), generator=gen)
+    before each step, clipping to norm 1). `windows`: token ids ``[n, >= seq_len]`` used in
+    order (e.g. `data.load_protein_data(seq_len).train`); default: random tokens, which hold
+    nothing to learn beyond a uniform guess. One row per variant, as `train_loss_curves`
+    gives."""
+    if windows is None:
+        gen = torch.Generator().manual_seed(0)
+        windows = torch.randint(0, config.vocab_size, (steps * batch, seq_len), generator=gen)
+    if windows.shape[-1] < seq_len:
+        raise ValueError(f"windows of {windows.shape[-1]} tokens are shorter than "
+                         f"seq_len={seq_len}")
+    order = torch.arange(steps * batch) % windows.shape[0]  # as `train_loss_curves` takes them
+    windows = windows[order, :seq_len]
     eager = [name for name in variants if not variant(name).graphed]
     rows = {row["variant"]: row for row in train_loss_curves(
         config, eager, steps=steps, batch=batch, seq_len=seq_len, device=device, lr=lr,

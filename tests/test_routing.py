@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from moe_tutorial.moe.routing import Router, load_balancing_loss, permute, route, unpermute
+from moe_tutorial.moe.model import Router, route
+from moe_tutorial.moe.routing import load_balancing_loss, permute, unpermute
 
 
 def test_route_matches_softmax_topk_renormalise():

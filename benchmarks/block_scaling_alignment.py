@@ -18,7 +18,7 @@ import torch
 
 from moe_tutorial.moe.dispatch import run_experts
 from moe_tutorial.moe.experts import convert_experts, create
-from moe_tutorial.moe.routing import route
+from moe_tutorial.moe.model import route
 from moe_tutorial.perf import bench
 from moe_tutorial.precision import hardware
 from moe_tutorial.precision.recipes import recipe_for

@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from moe_tutorial.moe import routing
+from moe_tutorial.moe import model, routing
 from moe_tutorial.moe.dispatch import run_experts
 from moe_tutorial.moe.experts import (
     ReferenceGroupedLinear,
@@ -155,18 +155,18 @@ BAD_CASES = [
     pytest.param(lambda: te_experts(TEGroupedLinearExperts)(hidden, indices.float(), weights),
                  "float32", r"indices\.long\(\)", id="TEGroupedLinearExperts-float-indices"),
     # routing
-    pytest.param(lambda: routing.route(logits, 5), "top_k=5", r"from 1 to .*\(4\)",
+    pytest.param(lambda: model.route(logits, 5), "top_k=5", r"from 1 to .*\(4\)",
                  id="route-top_k-above-num-experts"),
-    pytest.param(lambda: routing.route(logits, 0), "top_k=0", r"from 1 to", id="route-top_k-0"),
-    pytest.param(lambda: routing.route(logits, 2.0), r"top_k=2\.0", "whole number",
+    pytest.param(lambda: model.route(logits, 0), "top_k=0", r"from 1 to", id="route-top_k-0"),
+    pytest.param(lambda: model.route(logits, 2.0), r"top_k=2\.0", "whole number",
                  id="route-float-top_k"),
-    pytest.param(lambda: routing.route(torch.tensor(1.0), 1), "0-d", "one score per expert",
+    pytest.param(lambda: model.route(torch.tensor(1.0), 1), "0-d", "one score per expert",
                  id="route-0d-logits"),
-    pytest.param(lambda: routing.Router(HIDDEN, NUM_EXPERTS, 5), "top_k=5", r"from 1 to .*\(4\)",
+    pytest.param(lambda: model.Router(HIDDEN, NUM_EXPERTS, 5), "top_k=5", r"from 1 to .*\(4\)",
                  id="Router-top_k-above-num-experts"),
-    pytest.param(lambda: routing.Router(HIDDEN, NUM_EXPERTS, 0), "top_k=0", "from 1 to",
+    pytest.param(lambda: model.Router(HIDDEN, NUM_EXPERTS, 0), "top_k=0", "from 1 to",
                  id="Router-top_k-0"),
-    pytest.param(lambda: routing.Router(HIDDEN, NUM_EXPERTS, 2)(hidden[:, :12]), r"\(5, 12\)",
+    pytest.param(lambda: model.Router(HIDDEN, NUM_EXPERTS, 2)(hidden[:, :12]), r"\(5, 12\)",
                  r"\[\.\.\., 16\]", id="Router-hidden-of-another-width"),
     pytest.param(lambda: routing.load_balancing_loss([], 2), "no layers", r"\[logits\]",
                  id="load_balancing_loss-empty-list"),
@@ -277,8 +277,8 @@ def a_scalar_is_quantized_per_tensor():
 
 
 def one_token_of_logits_routes_like_a_batch_of_one():
-    one_weights, one_indices = routing.route(logits[0], TOP_K)
-    batch_weights, batch_indices = routing.route(logits[:1], TOP_K)
+    one_weights, one_indices = model.route(logits[0], TOP_K)
+    batch_weights, batch_indices = model.route(logits[:1], TOP_K)
     assert torch.equal(one_indices, batch_indices[0])
     assert torch.equal(one_weights, batch_weights[0])
 

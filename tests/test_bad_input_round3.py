@@ -29,8 +29,7 @@ from moe_tutorial.moe.config import MoEConfig, preset
 from moe_tutorial.moe.dispatch import run_experts
 from moe_tutorial.moe.experts import GroupedTorchExperts
 from moe_tutorial.moe.hf import from_hf
-from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.moe.routing import Router
+from moe_tutorial.moe.model import MoEForCausalLM, Router
 from moe_tutorial.parallel import dist_checkpoint
 from moe_tutorial.perf import train_dist
 from moe_tutorial.train import checkpoint, data

@@ -4,7 +4,7 @@ run says why."""
 
 import torch
 
-from moe_tutorial.moe import experts, routing
+from moe_tutorial.moe import experts, model, routing
 from moe_tutorial.perf import backends, bench, blackwell, fp8_training
 from moe_tutorial.precision import hardware
 
@@ -46,7 +46,7 @@ def test_every_backend_agrees_with_the_loop_and_says_what_ran():
     torch.nn.init.normal_(ref.gate_up_proj, std=0.1)
     torch.nn.init.normal_(ref.down_proj, std=0.1)
     x = torch.randn(12, 16)
-    w, idx = routing.route(torch.randn(12, 4), 2)
+    w, idx = model.route(torch.randn(12, 4), 2)
     cases = {"naive": ("naive", {}), "grouped_torch": ("grouped_torch", {}),
              "te_ops, GLU interleave 32": ("te_ops", dict(glu_interleave_size=32))}
     checked = backends.check_backends(ref, cases, x, idx, w, torch.randn_like(x))

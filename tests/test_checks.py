@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from moe_tutorial.course import checks
-from moe_tutorial.moe import routing
+from moe_tutorial.moe import model, routing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +137,7 @@ def test_the_grouped_mlp_fallback():
     gate_up, down = (torch.stack([mlp[k].get_parameter(f"weight{e}") for e in range(4)]).detach()
                      for k in (0, 2))
     x = torch.randn(20, 32)
-    weights, indices = routing.route(torch.randn(20, 4), 2)
+    weights, indices = model.route(torch.randn(20, 4), 2)
     out = checks.reference.te_ops_expert_layer(mlp, x, indices, weights, 4, 8)
     torch.testing.assert_close(out, checks.reference.expert_loop(x, indices, weights, gate_up, down),
                                rtol=1e-5, atol=1e-5)
@@ -997,10 +997,10 @@ def test_pick(capsys):
 
     assert checks.check_route(mine)
     capsys.readouterr()
-    assert checks.pick(mine, routing.route, True) is mine
+    assert checks.pick(mine, model.route, True) is mine
     assert "use your `mine`" in capsys.readouterr().out
-    assert checks.pick(mine, routing.route, False) is routing.route
-    assert "reference (moe_tutorial.moe.routing.route) until your `mine` passes" in capsys.readouterr().out
+    assert checks.pick(mine, model.route, False) is model.route
+    assert "reference (moe_tutorial.moe.model.route) until your `mine` passes" in capsys.readouterr().out
     checks.pick(mine, checks.reference.expert_loop, False)
     assert "(experts.NaiveExperts" in capsys.readouterr().out
 

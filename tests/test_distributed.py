@@ -52,6 +52,21 @@ def test_an_ep_rank_that_receives_no_tokens():
         assert r["max_rel_error"] < TOLERANCE, r
 
 
+def test_starving_experts_keeps_every_router_of_the_model_off_them():
+    """The starved rank above receives no tokens only if `starve_experts` reaches the routing the
+    model's routers really call."""
+    torch.manual_seed(0)
+    model = MoEForCausalLM(preset("tiny"))
+    hidden = torch.randn(64, model.config.hidden_size)
+    starved = [0, 1]
+    with train_dist.starve_experts(starved):
+        chosen = {e for layer in model.model.layers
+                  for e in layer.mlp.gate(hidden).indices.flatten().tolist()}
+    assert chosen and not chosen & set(starved), chosen
+    unstarved = set(model.model.layers[0].mlp.gate(hidden).indices.flatten().tolist())
+    assert unstarved & set(starved), "the routing stays starved after the block"
+
+
 def test_layout_errors_are_clear():
     with pytest.raises(ValueError, match="world size 6 does not factor as dp × ep = 2 × 2"):
         distributed.check_layout(6, 2, 2, 8)

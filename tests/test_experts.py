@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from moe_tutorial.moe import dispatch, routing
-from moe_tutorial.moe.dispatch import LocalDispatcher, run_experts
+from moe_tutorial.moe.dispatch import run_experts
 from moe_tutorial.moe.experts import (
     BACKENDS,
     EXPERT_BACKENDS,
@@ -16,7 +16,7 @@ from moe_tutorial.moe.experts import (
     default_backend,
     grouped_mm,
 )
-from moe_tutorial.moe.routing import route
+from moe_tutorial.moe.model import LocalDispatcher, route
 from moe_tutorial.perf import results
 from moe_tutorial.perf.bench import EXPERT_SHAPES
 

@@ -17,13 +17,8 @@ from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import MoEConfig
 from moe_tutorial.moe.experts import EXPERT_BACKENDS, SELF_QUANTIZING_BACKENDS, convert_experts
 from moe_tutorial.moe.hf import from_hf, hf_gradients, to_hf_state_dict
-from moe_tutorial.moe.model import MoEBlock, MoEForCausalLM
-from moe_tutorial.moe.routing import (
-    Router,
-    group_limited_top_k,
-    route_sigmoid,
-    update_correction_bias,
-)
+from moe_tutorial.moe.model import MoEBlock, MoEForCausalLM, Router
+from moe_tutorial.moe.routing import group_limited_top_k, route_sigmoid, update_correction_bias
 from moe_tutorial.parallel import ranks
 
 transformers = pytest.importorskip("transformers", minversion="5.0")

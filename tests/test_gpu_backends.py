@@ -7,8 +7,8 @@ from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.dispatch import run_experts, te_dispatch
 from moe_tutorial.moe.experts import convert_experts, create, interleave_glu
 from moe_tutorial.moe.hf import to_hf_state_dict
-from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.moe.routing import permute, route
+from moe_tutorial.moe.model import MoEForCausalLM, route
+from moe_tutorial.moe.routing import permute
 from moe_tutorial.precision import hardware
 from moe_tutorial.precision.recipes import supported_recipes
 

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from moe_tutorial.moe.routing import Router, load_balancing_loss, permute, route, unpermute
+from moe_tutorial.moe import routing
+from moe_tutorial.moe.model import Router, route
+from moe_tutorial.moe.routing import load_balancing_loss, permute, unpermute
 
 
 def test_route_matches_softmax_topk_renormalise():
@@ -21,6 +23,28 @@ def test_router_computes_softmax_in_fp32_for_bf16_inputs():
     out = router(torch.randn(3, 5, 16, dtype=torch.bfloat16))
     assert out.logits.shape == (15, 4) and out.logits.dtype == torch.bfloat16
     assert out.weights.dtype == torch.float32 and out.indices.shape == (15, 2)
+
+
+def test_a_sigmoid_router_routes_and_balances_through_the_routing_module(monkeypatch):
+    """Exercise 08 swaps routing.route_sigmoid and routing.update_correction_bias for the
+    learner's and trains the engine with them: the router must look both up in that module."""
+    calls = []
+
+    def counted(name):
+        original = getattr(routing, name)
+
+        def call(*args):
+            calls.append(name)
+            return original(*args)
+        return call
+
+    for name in ("route_sigmoid", "update_correction_bias"):
+        monkeypatch.setattr(routing, name, counted(name))
+    router = Router(16, 4, 2, scoring="sigmoid")
+    torch.nn.init.normal_(router.weight)
+    router(torch.randn(5, 16))
+    router.update_correction_bias(0.01)
+    assert calls == ["route_sigmoid", "update_correction_bias"]
 
 
 def test_load_balancing_loss_values():

@@ -10,8 +10,8 @@ from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.dispatch import run_experts
 from moe_tutorial.moe.experts import convert_experts, create, sync_free
 from moe_tutorial.moe.experts.sync_free import FP8_ROW_ALIGNMENT, quantize_rowwise
-from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.moe.routing import permute, permute_static, route, static_rows, unpermute
+from moe_tutorial.moe.model import MoEForCausalLM, route
+from moe_tutorial.moe.routing import permute, permute_static, static_rows, unpermute
 from moe_tutorial.perf import host_syncs
 from moe_tutorial.perf.host_syncs import HostSync, host_sync_entry_points
 from moe_tutorial.train import graphed

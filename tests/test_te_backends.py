@@ -23,8 +23,7 @@ from moe_tutorial.moe.experts import (
     why_unfused,
 )
 from moe_tutorial.moe.hf import from_hf, to_hf_state_dict
-from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.moe.routing import route
+from moe_tutorial.moe.model import MoEForCausalLM, route
 from moe_tutorial.precision import hardware, recipes
 from moe_tutorial.precision.recipes import RecipeSpec
 

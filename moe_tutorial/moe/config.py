@@ -82,7 +82,7 @@ class MoEConfig:
     # head's dimensions (Qwen3-MoE), "across_heads" over the whole projection (OLMoE).
     qk_norm: str = "none"
     clip_qkv: float | None = None  # clamp q, k, v to [-clip_qkv, clip_qkv] (OLMoE's option)
-    # --- routing (routing.py)
+    # --- routing (model.Router; the sigmoid rule in routing.py)
     router: str = "softmax"  # softmax over experts (Mixtral, Qwen, OLMoE) | sigmoid (DeepSeek-V3)
     norm_topk_prob: bool = True  # renormalise the top_k routing weights to sum to 1
     routed_scaling_factor: float = 1.0  # factor on the routing weights (DeepSeek-V3: 2.5)

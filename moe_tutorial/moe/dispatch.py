@@ -15,9 +15,10 @@ The permutations (`experts.PERMUTATIONS`):
   `routing.permute`, with the same result;
 * "static": `routing.permute_static`, a buffer sized by the shapes alone (no host read).
 
-`LocalDispatcher` is the dispatcher of a process that holds all the experts; expert parallelism
-swaps it for `parallel.distributed.AllToAllDispatcher`, which permutes once, exchanges the rows
-and regroups what arrives by the exchanged counts.
+`run_experts` is one layer's experts behind this dispatch: the MoE block's `model.LocalDispatcher`
+(a process that holds all the experts) runs it; expert parallelism swaps that dispatcher for
+`parallel.distributed.AllToAllDispatcher`, which permutes once, exchanges the rows and regroups
+what arrives by the exchanged counts.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ..precision import hardware, recipes
 from .experts import Experts, TEExperts, check_expert_inputs
@@ -117,26 +117,3 @@ def run_experts(experts: Experts, hidden: torch.Tensor, indices: torch.Tensor,
     row_weights = d.row_weights.to(weights.dtype) if applies else None
     out = d.combine(experts(d.rows, d.rows_per_expert, row_weights), not applies)
     return out, f"{d.path} → {experts.last_path}"
-
-
-class LocalDispatcher(nn.Module):
-    """The token dispatcher of a process that holds all the experts: the token copies need not
-    travel, only be sorted by expert (`run_experts`).
-
-    A dispatcher takes every token's k copies to their experts and brings the weighted outputs
-    back: `dispatcher(hidden [T, H], indices [T, k], weights [T, k], experts) -> [T, H]`. It
-    holds no weights (the experts module does) and reports `last_path`, what the last forward
-    pass ran, experts included; `full_hf_weights(experts)` returns all the layer's experts in
-    HF layout, wherever they live. `distributed.AllToAllDispatcher` is the expert-parallel one."""
-
-    def __init__(self):
-        super().__init__()
-        self.last_path: str | None = None
-
-    def forward(self, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
-                experts: Experts) -> torch.Tensor:
-        out, self.last_path = run_experts(experts, hidden, indices, weights)
-        return out
-
-    def full_hf_weights(self, experts: Experts) -> tuple[torch.Tensor, torch.Tensor]:
-        return experts.hf_weights()

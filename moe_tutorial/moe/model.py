@@ -10,10 +10,13 @@ RMSNorm, attention biases, clip_qkv, sigmoid and group-limited routing, a shared
 `families.py` says which family has which, and maps their configs. Module and parameter names
 follow HF transformers 5's (`MixtralForCausalLM`, `Qwen3MoeForCausalLM`, ...), so a state dict
 moves between the two (`hf.from_hf(hf_model)`, `hf.to_hf_state_dict(model)`).
-The MoE block is `routing.Router` → a token dispatcher (`dispatch.LocalDispatcher`: permute,
-experts, merge) → the experts (`experts/`, one backend per file); its `expert_backend` (naive
-loop, grouped GEMM, TE...) can be switched on a live model, and its dispatcher swapped for
-expert parallelism (`distributed.shard_experts`).
+The MoE block, here whole, is `Router` (its softmax rule `route`) → a token dispatcher
+(`LocalDispatcher`: permute, experts, merge) → the experts (`experts/`, one backend per file,
+`experts/naive.py` the reference loop); its `expert_backend` (naive loop, grouped GEMM, TE...)
+can be switched on a live model, and its dispatcher swapped for expert parallelism
+(`distributed.shard_experts`). What they build on stays beside them: DeepSeek-V3's sigmoid
+rule, the load-balancing loss and the permutation in `routing.py`, the permutations the
+experts ask for in `dispatch.py`.
 
 The training loss is HF's: mean next-token cross-entropy (`loss.cross_entropy`) + aux_loss_coef
 × the load-balancing loss pooled over all layers; `batch.check_batch` refuses a bad batch first.
@@ -41,12 +44,11 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..precision import hardware, recipes, te_projections
+from . import dispatch, routing
 from .batch import IGNORE_INDEX, check_batch
 from .config import MoEConfig
-from .dispatch import LocalDispatcher
-from .experts import TE_BACKENDS, convert_experts, create, default_backend
+from .experts import TE_BACKENDS, Experts, convert_experts, create, default_backend
 from .loss import cross_entropy
-from .routing import Router, load_balancing_loss
 
 
 def is_expert_parameter(name: str) -> bool:
@@ -157,6 +159,111 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
+def route(logits: torch.Tensor, top_k: int,
+          normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax in fp32 → top-k → renormalise the k weights to sum to one (`normalize=False`:
+    keep the k probabilities as they are, HF's norm_topk_prob=False). Returns (weights fp32,
+    indices)."""
+    routing.check_logits(logits, top_k, "route")
+    probs = torch.softmax(logits.float(), dim=-1)
+    weights, indices = torch.topk(probs, top_k, dim=-1)
+    return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), indices
+
+
+@dataclass(frozen=True)
+class RouterOutput:
+    logits: torch.Tensor  # [T, E] raw scores, in the hidden states' dtype (sigmoid router: fp32)
+    weights: torch.Tensor  # [T, k] fp32 routing weights of the chosen experts (sum to 1 when
+    #                        normalised and unscaled)
+    indices: torch.Tensor  # [T, k] int64 chosen experts, highest (biased) score first
+
+
+class Router(nn.Module):
+    """The gate of a MoE layer: one bias-free linear layer scoring tokens against experts (HF's
+    `...TopKRouter`, reached as `mlp.gate`), then a routing rule: `route` (scoring="softmax",
+    `normalize` = HF's norm_topk_prob) or `routing.route_sigmoid` (scoring="sigmoid").
+
+    A sigmoid router keeps its weight in fp32 and scores in fp32 (as HF keeps DeepSeek-V3's
+    `gate.weight`), and holds `e_score_correction_bias` (HF's name), a buffer moved by
+    `update_correction_bias`, not by the optimizer. For that update it counts the tokens each
+    expert received in forward passes in training mode since the last update
+    (`tokens_since_bias_update`). It calls `routing.route_sigmoid` and
+    `routing.update_correction_bias` through their module, so a notebook can swap in its own
+    (exercise 08 does)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *,
+                 scoring: str = "softmax", normalize: bool = True, n_group: int = 1,
+                 topk_group: int = 1, scaling_factor: float = 1.0, dtype=None, device=None):
+        super().__init__()
+        routing.check_top_k(top_k, num_experts)
+        if scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"scoring={scoring!r} is not 'softmax' or 'sigmoid'")
+        self.top_k, self.scoring, self.normalize = top_k, scoring, normalize
+        self.n_group, self.topk_group, self.scaling_factor = n_group, topk_group, scaling_factor
+        sigmoid = scoring == "sigmoid"
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device,
+                                               dtype=torch.float32 if sigmoid else dtype))
+        # None buffers for a softmax router: not in its state dict.
+        self.register_buffer("e_score_correction_bias", torch.zeros(
+            num_experts, dtype=torch.float32, device=device) if sigmoid else None)
+        self.register_buffer("tokens_since_bias_update", torch.zeros(
+            num_experts, dtype=torch.int64, device=device) if sigmoid else None, persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> RouterOutput:
+        if hidden.dim() == 0 or hidden.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"the router takes hidden states [..., {self.weight.shape[1]}], got "
+                             f"shape {tuple(hidden.shape)}: pass the layer's hidden states")
+        if self.scoring == "softmax":
+            routing.check_compute_dtype("the router", hidden, self.weight.dtype)
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        if self.scoring == "softmax":
+            logits = F.linear(flat, self.weight)
+            weights, indices = route(logits, self.top_k, self.normalize)
+            return RouterOutput(logits, weights, indices)
+        logits = F.linear(flat.float(), self.weight)
+        weights, indices = routing.route_sigmoid(logits, self.top_k,
+                                                 self.e_score_correction_bias, self.n_group,
+                                                 self.topk_group, self.normalize,
+                                                 self.scaling_factor)
+        if self.training:  # index_add, unlike bincount, needs no host sync
+            chosen = indices.reshape(-1)
+            self.tokens_since_bias_update.index_add_(0, chosen, torch.ones_like(chosen))
+        return RouterOutput(logits, weights, indices)
+
+    @torch.no_grad()
+    def update_correction_bias(self, rate: float) -> None:
+        """Move `e_score_correction_bias` by `rate` towards balancing the tokens counted since
+        the last update (`routing.update_correction_bias`), then start counting afresh."""
+        if self.e_score_correction_bias is None:
+            raise ValueError("only a sigmoid router (scoring='sigmoid') has a correction bias")
+        routing.update_correction_bias(self.e_score_correction_bias,
+                                       self.tokens_since_bias_update, rate)
+        self.tokens_since_bias_update.zero_()
+
+
+class LocalDispatcher(nn.Module):
+    """The token dispatcher of a process that holds all the experts: the token copies need not
+    travel, only be sorted by expert (`dispatch.run_experts`).
+
+    A dispatcher takes every token's k copies to their experts and brings the weighted outputs
+    back: `dispatcher(hidden [T, H], indices [T, k], weights [T, k], experts) -> [T, H]`. It
+    holds no weights (the experts module does) and reports `last_path`, what the last forward
+    pass ran, experts included; `full_hf_weights(experts)` returns all the layer's experts in
+    HF layout, wherever they live. `distributed.AllToAllDispatcher` is the expert-parallel one."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_path: str | None = None
+
+    def forward(self, hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+                experts: Experts) -> torch.Tensor:
+        out, self.last_path = dispatch.run_experts(experts, hidden, indices, weights)
+        return out
+
+    def full_hf_weights(self, experts: Experts) -> tuple[torch.Tensor, torch.Tensor]:
+        return experts.hf_weights()
+
+
 class SharedExpert(nn.Module):
     """A dense SwiGLU MLP every token passes through beside its routed experts (Qwen2-MoE's
     `shared_expert`; DeepSeek-V3's `shared_experts`, n of them being one MLP n times as wide):
@@ -198,15 +305,15 @@ class MoEBlock(nn.Module):
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False, **kw)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        routing = self.gate(x)
+        routed = self.gate(x)
         flat = x.reshape(-1, x.shape[-1])
-        out = self.dispatcher(flat, routing.indices, routing.weights, self.experts)
+        out = self.dispatcher(flat, routed.indices, routed.weights, self.experts)
         if self.shared_expert is not None:
             shared = self.shared_expert(flat)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(flat)) * shared
             out = out + shared
-        return out.view_as(x), routing.logits
+        return out.view_as(x), routed.logits
 
 
 class DecoderLayer(nn.Module):
@@ -397,7 +504,7 @@ class MoEForCausalLM(nn.Module):
             # .long(): torch's cross_entropy (the evaluation path) takes no int32 targets.
             out.lm_loss = cross_entropy(logits.flatten(0, 1), targets.flatten().long(),
                                         IGNORE_INDEX, compiled=self.compiled_loss)
-            out.aux_loss = load_balancing_loss(router_logits, self.config.top_k)
+            out.aux_loss = routing.load_balancing_loss(router_logits, self.config.top_k)
             out.loss = out.lm_loss + self.config.aux_loss_coef * out.aux_loss
         return out
 
@@ -406,7 +513,7 @@ class MoEForCausalLM(nn.Module):
         """DeepSeek-V3's balancing step, to call after each optimizer step: every layer's
         sigmoid router moves its correction bias by `config.router_bias_update_rate` towards
         balancing the tokens its experts received since the last call
-        (`routing.Router.update_correction_bias`). In a process group (train_dist) every rank
+        (`Router.update_correction_bias`). In a process group (train_dist) every rank
         calls it at the same step and the counts are summed over all ranks first: each rank
         routed its own tokens, and one bias for all of them keeps the replicas' routers the
         same. Does nothing where the rate is 0."""

@@ -1,10 +1,11 @@
 """Routing: which experts each token visits, and moving tokens to their experts and back.
 
 A router scores every token against every expert (one linear layer) and turns the scores into
-the top-k experts of each token and their weights, by one of two rules:
+the top-k experts of each token and their weights, by one of two rules. The router of the MoE
+block and its softmax rule (Mixtral, Qwen-MoE, OLMoE) are part of the architecture, in
+`model.py` (`model.Router`, `model.route`); this module holds what the router builds on and what
+the dispatcher runs:
 
-* `route` (Mixtral, Qwen-MoE, OLMoE): a softmax in fp32, the k most probable experts, their
-  probabilities renormalised to sum to one (Mixtral; HF's `norm_topk_prob` for the others);
 * `route_sigmoid` (DeepSeek-V3): independent sigmoid scores; a per-expert correction bias is
   added for *choosing* the experts only (`group_limited_top_k`: within each token's best groups
   of experts), while the weights are the unbiased scores, renormalised and scaled. Training moves
@@ -12,7 +13,10 @@ the top-k experts of each token and their weights, by one of two rules:
   (arXiv:2412.19437, §2.1.2 and §4.2) does that and keeps a small sequence-wise balance loss
   beside it (α = 0.0001), which this package does not implement; transformers' DeepSeek-V3 does
   neither (nothing updates its `e_score_correction_bias`, and its loss is the language-modelling
-  loss alone: `modeling_deepseek_v3.py:130`, `:690` in transformers 5.25.0).
+  loss alone: `modeling_deepseek_v3.py:130`, `:690` in transformers 5.25.0);
+* `load_balancing_loss`, the Switch-Transformer auxiliary loss over all layers' router logits;
+* the checks both rules and the experts share (`check_top_k`, `check_logits`,
+  `check_expert_indices`, `check_compute_dtype`, `check_routed_shapes`).
 
 Experts are fast when each one sees its tokens as one contiguous block of rows. `permute`
 sorts the T x k token copies by expert, so expert e owns rows
@@ -35,16 +39,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-
-
-@dataclass(frozen=True)
-class RouterOutput:
-    logits: torch.Tensor  # [T, E] raw scores, in the hidden states' dtype (sigmoid router: fp32)
-    weights: torch.Tensor  # [T, k] fp32 routing weights of the chosen experts (sum to 1 when
-    #                        normalised and unscaled)
-    indices: torch.Tensor  # [T, k] int64 chosen experts, highest (biased) score first
 
 
 def check_top_k(top_k: int, num_experts: int) -> None:
@@ -79,22 +73,13 @@ def _expert_out_of_range(expert: int, num_experts: int) -> ValueError:
                       f"expert indices run from 0 to {num_experts - 1}")
 
 
-def _check_logits(logits: torch.Tensor, top_k: int, rule: str) -> None:
+def check_logits(logits: torch.Tensor, top_k: int, rule: str) -> None:
+    """Refuse router logits without an expert dimension, or a top_k they cannot give (`rule`
+    names the routing rule in the message)."""
     if logits.dim() == 0:
         raise ValueError(f"{rule} needs router logits of shape [T, E] (or [E] for one token), "
                          f"got a 0-d tensor: pass one score per expert")
     check_top_k(top_k, logits.shape[-1])
-
-
-def route(logits: torch.Tensor, top_k: int,
-          normalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax in fp32 → top-k → renormalise the k weights to sum to one (`normalize=False`:
-    keep the k probabilities as they are, HF's norm_topk_prob=False). Returns (weights fp32,
-    indices)."""
-    _check_logits(logits, top_k, "route")
-    probs = torch.softmax(logits.float(), dim=-1)
-    weights, indices = torch.topk(probs, top_k, dim=-1)
-    return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), indices
 
 
 def group_limited_top_k(scores: torch.Tensor, top_k: int, n_group: int,
@@ -121,7 +106,7 @@ def route_sigmoid(logits: torch.Tensor, top_k: int, correction_bias: torch.Tenso
     by their unbiased scores, renormalised to sum to one (`normalize`), times `scaling_factor`.
     The bias only steers which experts are chosen, so balancing with it leaves the weights, and
     the gradient, alone. Returns (weights fp32, indices)."""
-    _check_logits(logits, top_k, "route_sigmoid")
+    check_logits(logits, top_k, "route_sigmoid")
     scores = torch.sigmoid(logits.float())
     for_choice = scores.detach() if correction_bias is None else scores.detach() + correction_bias
     indices = group_limited_top_k(for_choice, top_k, n_group, topk_group)
@@ -140,65 +125,6 @@ def update_correction_bias(bias: torch.Tensor, tokens_per_expert: torch.Tensor,
     """
     load = tokens_per_expert.float()
     bias.add_(torch.sign(load.mean() - load), alpha=rate)
-
-
-class Router(nn.Module):
-    """The gate of a MoE layer: one bias-free linear layer scoring tokens against experts (HF's
-    `...TopKRouter`, reached as `mlp.gate`), then a routing rule: `route` (scoring="softmax",
-    `normalize` = HF's norm_topk_prob) or `route_sigmoid` (scoring="sigmoid").
-
-    A sigmoid router keeps its weight in fp32 and scores in fp32 (as HF keeps DeepSeek-V3's
-    `gate.weight`), and holds `e_score_correction_bias` (HF's name), a buffer moved by
-    `update_correction_bias`, not by the optimizer. For that update it counts the tokens each
-    expert received in forward passes in training mode since the last update
-    (`tokens_since_bias_update`)."""
-
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, *,
-                 scoring: str = "softmax", normalize: bool = True, n_group: int = 1,
-                 topk_group: int = 1, scaling_factor: float = 1.0, dtype=None, device=None):
-        super().__init__()
-        check_top_k(top_k, num_experts)
-        if scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"scoring={scoring!r} is not 'softmax' or 'sigmoid'")
-        self.top_k, self.scoring, self.normalize = top_k, scoring, normalize
-        self.n_group, self.topk_group, self.scaling_factor = n_group, topk_group, scaling_factor
-        sigmoid = scoring == "sigmoid"
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device,
-                                               dtype=torch.float32 if sigmoid else dtype))
-        # None buffers for a softmax router: not in its state dict.
-        self.register_buffer("e_score_correction_bias", torch.zeros(
-            num_experts, dtype=torch.float32, device=device) if sigmoid else None)
-        self.register_buffer("tokens_since_bias_update", torch.zeros(
-            num_experts, dtype=torch.int64, device=device) if sigmoid else None, persistent=False)
-
-    def forward(self, hidden: torch.Tensor) -> RouterOutput:
-        if hidden.dim() == 0 or hidden.shape[-1] != self.weight.shape[1]:
-            raise ValueError(f"the router takes hidden states [..., {self.weight.shape[1]}], got "
-                             f"shape {tuple(hidden.shape)}: pass the layer's hidden states")
-        if self.scoring == "softmax":
-            check_compute_dtype("the router", hidden, self.weight.dtype)
-        flat = hidden.reshape(-1, hidden.shape[-1])
-        if self.scoring == "softmax":
-            logits = F.linear(flat, self.weight)
-            weights, indices = route(logits, self.top_k, self.normalize)
-            return RouterOutput(logits, weights, indices)
-        logits = F.linear(flat.float(), self.weight)
-        weights, indices = route_sigmoid(logits, self.top_k, self.e_score_correction_bias,
-                                         self.n_group, self.topk_group, self.normalize,
-                                         self.scaling_factor)
-        if self.training:  # index_add, unlike bincount, needs no host sync
-            chosen = indices.reshape(-1)
-            self.tokens_since_bias_update.index_add_(0, chosen, torch.ones_like(chosen))
-        return RouterOutput(logits, weights, indices)
-
-    @torch.no_grad()
-    def update_correction_bias(self, rate: float) -> None:
-        """Move `e_score_correction_bias` by `rate` towards balancing the tokens counted since
-        the last update (`routing.update_correction_bias`), then start counting afresh."""
-        if self.e_score_correction_bias is None:
-            raise ValueError("only a sigmoid router (scoring='sigmoid') has a correction bias")
-        update_correction_bias(self.e_score_correction_bias, self.tokens_since_bias_update, rate)
-        self.tokens_since_bias_update.zero_()
 
 
 def load_balancing_loss(router_logits: Sequence[torch.Tensor], top_k: int) -> torch.Tensor:

@@ -186,7 +186,7 @@ class AllToAllDispatcher(nn.Module):
     """The token dispatcher of expert parallelism: the layer's `num_experts` experts are sharded
     over an `ep` group, and the `experts` module this rank's layer holds is its shard, experts
     [first, first + E/ep) of any backend. Every token copy travels to the rank of the group that
-    holds its expert and its output comes back. Same interface as `dispatch.LocalDispatcher`; its
+    holds its expert and its output comes back. Same interface as `model.LocalDispatcher`; its
     `last_path` reads "EP <ep rank>/<ep> (experts <first>..<last>): <what the shard ran>"."""
 
     def __init__(self, num_experts: int, layout: Layout):

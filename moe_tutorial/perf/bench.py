@@ -18,8 +18,7 @@ from ..moe.config import preset
 from ..moe.dispatch import run_experts
 from ..moe.experts import SELF_QUANTIZING_BACKENDS, convert_experts, create, default_backend
 from ..moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
-from ..moe.model import MoEForCausalLM
-from ..moe.routing import route
+from ..moe.model import MoEForCausalLM, route
 from ..precision import hardware, recipes
 from ..precision.quant import rel_error
 from ..precision.recipes import supported_recipes

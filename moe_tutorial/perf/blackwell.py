@@ -31,7 +31,7 @@ import torch
 
 from ..moe import experts
 from ..moe.dispatch import run_experts
-from ..moe.routing import route
+from ..moe.model import route
 from ..precision import hardware, recipes
 from . import bench, timing, widgets
 

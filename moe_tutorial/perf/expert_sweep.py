@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..moe import config, dispatch, experts, routing
-from ..moe.model import MoEForCausalLM
+from ..moe import config, dispatch, experts
+from ..moe.model import MoEForCausalLM, route
 from ..precision.quant import rel_error
 from . import bench, results, timing, widgets
 
@@ -77,7 +77,7 @@ def compare_backends(model: MoEForCausalLM, backends: list[str], *, tokens: int,
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, cfg.hidden_size, generator=gen).to(device, getattr(torch, cfg.dtype))
-    weights, indices = routing.route(torch.randn(tokens, cfg.num_experts, generator=gen).to(device), cfg.top_k)
+    weights, indices = route(torch.randn(tokens, cfg.num_experts, generator=gen).to(device), cfg.top_k)
     grad_out = torch.randn(x.shape, generator=gen).to(x)
     by_backend, skipped = {}, {}
     for name in backends:
@@ -106,7 +106,7 @@ def time_backends(backends: list[str], num_experts: int, tokens: int, *, hidden:
     on_gpu = torch.device(device).type == "cuda"
     torch.manual_seed(seed)
     x = torch.randn(tokens, hidden, device=device, dtype=getattr(torch, dtype), requires_grad=True)
-    weights, indices = routing.route(torch.randn(tokens, num_experts, device=device), top_k)
+    weights, indices = route(torch.randn(tokens, num_experts, device=device), top_k)
     grad = torch.randn_like(x)
 
     def layer_experts(name):  # one layer per backend, all from the same seed

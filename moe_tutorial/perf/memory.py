@@ -210,7 +210,7 @@ def _attention(config: MoEConfig, tokens: int, itemsize: int, fp8: float | None,
 
 
 def _router(config: MoEConfig, tokens: int, itemsize: int, device: str) -> dict:
-    """Post-attention norm and `routing.Router`: the router's input, the fp32 softmax, top-k's
+    """Post-attention norm and `model.Router`: the router's input, the fp32 softmax, top-k's
     indices, and the renormalisation's divisor and dividend."""
     k = config.top_k
     parts = {f"post-attention {k_}": v
@@ -266,7 +266,7 @@ def _expert_mlp(config: MoEConfig, tokens: int, copies: int, experts: int, rows:
 
 def _experts(config: MoEConfig, tokens: int, ep: int, itemsize: int, backend: str,
              recipe: str | None, fp8: float | None, expert_load: float) -> dict:
-    """The experts of one layer, with their dispatcher. ep = 1 (`dispatch.LocalDispatcher`): the
+    """The experts of one layer, with their dispatcher. ep = 1 (`model.LocalDispatcher`): the
     T×k copies go straight to the experts. ep > 1 (`distributed.AllToAllDispatcher`): the rows
     this rank receives (T×k × `expert_load`, 1 when routing is balanced) enter the local experts
     as tokens with one copy each; around them the dispatcher saves the gather index of the

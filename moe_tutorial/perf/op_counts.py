@@ -15,7 +15,8 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from ..moe import dispatch, experts, routing
+from ..moe import dispatch, experts
+from ..moe.model import route
 from . import widgets
 
 EXPERTS_LABEL = "experts forward"
@@ -134,7 +135,7 @@ def aten_ops_per_layer(backend: str, num_experts: int, *, hidden: int, intermedi
     torch.nn.init.normal_(layer.gate_up_proj, std=0.02)
     torch.nn.init.normal_(layer.down_proj, std=0.02)
     x = torch.randn(tokens, hidden, device=device, requires_grad=True)
-    weights, indices = routing.route(torch.randn(tokens, num_experts, device=device), top_k)
+    weights, indices = route(torch.randn(tokens, num_experts, device=device), top_k)
     dispatch.run_experts(layer, x, indices, weights)[0].sum().backward()  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         dispatch.run_experts(layer, x, indices, weights)[0].sum().backward()

@@ -64,7 +64,7 @@ FP8_BYTES = 1
 # backward GEMMs need a transposed (column-wise) copy next to the forward's row-wise one. TE's
 # cast_transpose kernels write both from one read.
 FP8_COPIES = 2
-ROUTER_LOGIT_BYTES = 4  # the router's softmax runs in fp32 (routing.Router)
+ROUTER_LOGIT_BYTES = 4  # the router's softmax runs in fp32 (model.Router)
 
 PARTS = ("expert GEMMs", "attention projections", "router", "lm_head", "attention", "loss",
          "quantization", "permutation", "norms & elementwise", "embedding", "optimizer")

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .. import safe_io
-from ..moe import routing
+from ..moe import model as moe_model
 from ..moe.batch import next_token_targets
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import STACKED_BACKENDS, TE_BACKENDS
@@ -81,18 +81,18 @@ def _setup() -> torch.device:
 @contextlib.contextmanager
 def starve_experts(experts: list[int]):
     """Routing that never picks `experts` (a test of ranks that receive no tokens)."""
-    original = routing.route
+    original = moe_model.route
 
     def route(logits, top_k, *options):
         logits = logits.clone()
         logits[:, experts] = -1e4
         return original(logits, top_k, *options)
 
-    routing.route = route
+    moe_model.route = route
     try:
         yield
     finally:
-        routing.route = original
+        moe_model.route = original
 
 
 def _global_batch(config, world: int, batch: int, seq_len: int, device, seed: int = 0):

@@ -1,6 +1,6 @@
 """moe_families.svg (notebook 08): the MoE block of each transformers family the course converts
-(`moe_tutorial.moe.families.FAMILIES`), side by side, as `moe_tutorial.moe.routing` and
-`model.MoEBlock` compute it: Mixtral (softmax top-k, always renormalised), Qwen3-MoE and OLMoE
+(`moe_tutorial.moe.families.FAMILIES`), side by side, as `moe_tutorial.moe.model.MoEBlock`
+and its `Router` compute it: Mixtral (softmax top-k, always renormalised), Qwen3-MoE and OLMoE
 (the same, renormalised only with norm_topk_prob), Qwen2-MoE (plus one shared expert scaled by
 sigmoid(shared_expert_gate(x))) and DeepSeek-V3 (`route_sigmoid`: sigmoid scores, a correction
 bias used only to choose, group-limited top-k, unbiased weights times routed_scaling_factor,

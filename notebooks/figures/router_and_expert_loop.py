@@ -1,5 +1,5 @@
 """router_and_expert_loop.svg (notebook 01): the router and HF's eager experts loop
-(`moe_tutorial.moe.routing.Router`, `experts.NaiveExperts`): logits → softmax in fp32 → top-2 →
+(`moe_tutorial.moe.model.Router`, `experts.NaiveExperts`): logits → softmax in fp32 → top-2 →
 renormalise; then, for every expert that received tokens, gather its tokens, run its MLP, scale by
 the routing weights and index_add the result into the output.
 

@@ -9,7 +9,7 @@ Every `check_<name>(learner_fn)`:
 * builds its inputs from fixed seeds (the same cases on every run): random inputs plus the edge
   cases where MoE code breaks - ties in top-k, an expert that receives no tokens, sizes that are
   not multiples of 32, bf16 inputs, all-zero MXFP8 blocks;
-* compares the learner's results with the package (`routing.route`, `routing.permute`,
+* compares the learner's results with the package (`model.route`, `routing.permute`,
   `experts.NaiveExperts`, `quant.mxfp8_quantize(rule="te")`, `recipes.recipe_for`,
   `distributed.exchange_counts`, ...), never with a copy of the solution;
 * checks the contract the later cells rely on, not only the values: dtypes (int64 expert ids,
@@ -37,7 +37,7 @@ reference adapters. This module is the API the notebooks use.
 
 from types import SimpleNamespace
 
-from ...moe import routing
+from ...moe import model, routing
 from ...moe.experts import torch_ops
 from ...parallel import distributed
 from .expert_parallel_dispatch import (
@@ -89,7 +89,7 @@ from .te_ops_grouped_mlp import (
 from .your_model import check_route_sigmoid, check_update_correction_bias
 
 reference = SimpleNamespace(
-    route=routing.route,
+    route=model.route,
     load_balancing_loss=routing.load_balancing_loss,
     expert_loop=reference_expert_loop,
     permute=reference_permute,

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ...moe import routing
+from ...moe import model
 from ...parallel import distributed, ranks
 from .harness import (
     Case,
@@ -35,7 +35,7 @@ def _dispatch_cases() -> list[Case]:
         # low-numbered experts are popular: the ranks get different numbers of rows
         logits = torch.randn(tokens, num_experts, generator=g) + torch.linspace(1, -1, num_experts)
         logits[:, list(starve)] = -1e4
-        _, indices = routing.route(logits, top_k)
+        _, indices = model.route(logits, top_k)
         return Case(name, (indices, num_experts, ep))
 
     return [
@@ -196,7 +196,7 @@ def _exchange_cases() -> list[Case]:
             logits = (torch.randn(tokens, num_experts, generator=g)
                       + torch.linspace(1.5, -1.5, num_experts))
             logits[:, list(starve)] = -1e4
-            _, indices = routing.route(logits, top_k)
+            _, indices = model.route(logits, top_k)
             counts.append(distributed.dispatch_order(indices, num_experts, len(members))[1])
         return Case(name, (torch.stack(counts), members))
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...moe import routing
+from ...moe import model
 
 PASSED, FAILED, NOT_IMPLEMENTED, CHECK_ERROR = "passed", "failed", "not implemented yet", "check error"
 RESULTS: dict[str, str] = {}  # check name -> its latest outcome in this Python process
@@ -172,7 +172,7 @@ def pick(learner_fn, reference_fn, passed: bool):
 
 
 def _describe(fn) -> str:
-    """`moe_tutorial.moe.routing.route`, or the first docstring line of an adapter in this package."""
+    """`moe_tutorial.moe.model.route`, or the first docstring line of an adapter in this package."""
     module = getattr(fn, "__module__", "") or ""
     doc = (getattr(fn, "__doc__", None) or "").strip()
     if (module == __package__ or module.startswith(f"{__package__}.")) and doc:
@@ -257,7 +257,7 @@ def random_routing(gen, tokens: int, num_experts: int, top_k: int, *,
     logits = torch.randn(tokens, num_experts, generator=gen) * scale
     if skip_expert is not None:
         logits[:, skip_expert] = -1e4
-    return routing.route(logits, top_k)
+    return model.route(logits, top_k)
 
 
 def random_expert_weights(gen, num_experts: int, hidden: int, intermediate: int,

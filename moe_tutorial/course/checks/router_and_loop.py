@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ...moe import experts, routing
+from ...moe import experts, model, routing
 from ...moe.dispatch import run_experts
 from .harness import (
     Case,
@@ -82,7 +82,7 @@ def _verify_route(case: Case, call) -> None:
         raise Failure(f"token {t} picks the same expert twice ({idx[t].tolist()}): take the k "
                       "different most probable experts (torch.topk)")
     probs = torch.softmax(logits.float(), dim=-1)
-    _, ref_indices = routing.route(logits, top_k)
+    _, ref_indices = model.route(logits, top_k)
     ref_top = probs.gather(1, ref_indices)
     chosen = probs.gather(1, idx)
     wrong = ((chosen.sort(-1, descending=True).values - ref_top).abs() > 1e-6).any(-1)
@@ -117,9 +117,9 @@ def _verify_route(case: Case, call) -> None:
 
 def check_route(learner_fn) -> bool:
     """`route(logits [T, E], top_k) -> (weights [T, k] fp32, indices [T, k])` against
-    `routing.route`: softmax in fp32, top-k, renormalise."""
+    `model.route`: softmax in fp32, top-k, renormalise."""
     return run_check("check_route", learner_fn, _route_cases(), _verify_route,
-                     against="routing.route")
+                     against="model.route")
 
 
 def _lb_cases() -> list[Case]:

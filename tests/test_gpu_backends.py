@@ -9,8 +9,9 @@ from moe_tutorial.moe.experts import convert_experts, create, interleave_glu
 from moe_tutorial.moe.hf import to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM, route
 from moe_tutorial.moe.routing import permute
+from moe_tutorial.perf.host_syncs import count_host_syncs
 from moe_tutorial.precision import hardware
-from moe_tutorial.precision.recipes import supported_recipes
+from moe_tutorial.precision.recipes import recipe_for, supported_recipes
 
 pytestmark = pytest.mark.gpu
 
@@ -51,18 +52,32 @@ def _fwd_bwd(module, x, idx, w, recipe=None):
     return out, x.grad, w.grad, path
 
 
-def test_te_dispatch_equals_the_reference_permutation(te):
+@pytest.mark.parametrize("host_counts", [False, True])
+def test_te_dispatch_equals_the_reference_permutation(te, host_counts):
     _, x, w, idx = _problem(skew=True)
     for align in (1, 16, 128):
-        d = te_dispatch(x, idx, w, 8, align, te)
+        d = te_dispatch(x, idx, w, 8, align, te, host_counts=host_counts)
         rows, row_w, perm = permute(x, idx, w, 8, align)
         assert d.rows_per_expert.tolist() == perm.m_splits.tolist()
+        assert d.rows_per_expert.device.type == ("cpu" if host_counts else "cuda")
         assert torch.equal(d.rows, rows), f"align {align}"
         torch.testing.assert_close(d.row_weights, row_w)
         y = rows * 2
         torch.testing.assert_close(d.combine(y, True).float(),
                                    (x.float() * 2 * w.sum(-1, keepdim=True)).to(x.dtype).float(),
                                    rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("recipe_name", [None, "Float8CurrentScaling"])
+def test_te_grouped_linear_reads_the_counts_once_per_layer(te, recipe_name):
+    """The dispatcher's one host read serves TE's permutation and both grouped GEMMs, forward
+    and backward (TE's own wrapper and a second read would make three)."""
+    ref, x, w, idx = _problem()
+    module = convert_experts(ref, "te_grouped_linear")
+    recipe = recipe_for(hardware.capabilities(), recipe_name).build() if recipe_name else None
+    _fwd_bwd(module, x, idx, w, recipe)  # warm-up: TE's first call sets up its workspaces
+    syncs, places = count_host_syncs(lambda: _fwd_bwd(module, x, idx, w, recipe))
+    assert syncs == 1, places
 
 
 @pytest.mark.parametrize("backend, options", [("grouped_torch", {}), ("te_permute_grouped_mm", {}),
@@ -99,8 +114,6 @@ def _fp8_cases():
 
 @pytest.mark.parametrize("backend, recipe_name", _fp8_cases())
 def test_fp8_backends_within_fp8_tolerance(te, backend, recipe_name):
-    from moe_tutorial.precision.recipes import recipe_for
-
     choice = recipe_for(hardware.capabilities(), recipe_name)
     ref, x, w, idx = _problem(skew=True)
     expected = _fwd_bwd(ref, x, idx, w)
@@ -132,7 +145,6 @@ def test_fused_path_on_blackwell(te):
     if caps.env.compute_capability[0] != 10 or not caps.is_native("fused_grouped_mlp"):
         pytest.skip(f"needs Blackwell with the fused grouped MLP enabled: "
                     f"{caps['fused_grouped_mlp'].reason}")
-    from moe_tutorial.precision.recipes import recipe_for
 
     ref, x, w, idx = _problem(H=1024, I=1024)
     choice = recipe_for(caps, "MXFP8BlockScaling")

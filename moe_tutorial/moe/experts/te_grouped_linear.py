@@ -18,6 +18,9 @@ class TEGroupedLinearExperts(TEExperts):
     NVIDIA-BioNeMo/bionemo-recipes@e05e81a): the same sum, rounded differently."""
 
     backend = "te_grouped_linear"
+    # te.GroupedLinear takes its split sizes as a Python list, so the counts go to the host
+    # anyway: the dispatcher reads them once and TE's permutation kernel reuses them
+    permutation = "te_host_counts"
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
                  align: int | None = None, cutlass: bool = False):
@@ -36,7 +39,8 @@ class TEGroupedLinearExperts(TEExperts):
         return self.gate_up, self.down
 
     def grouped_mlp(self, rows, rows_per_expert, row_weights):
-        m_splits = rows_per_expert.tolist()  # one host copy, shared by both GEMMs
+        # the host copy both GEMMs share, forward and backward (the dispatcher's, on a GPU)
+        m_splits = rows_per_expert.tolist()
         y = self.down(swiglu(self.gate_up(rows, m_splits)), m_splits)
         impl = "te.GroupedLinear" if self.uses_te else "ReferenceGroupedLinear"
         self.last_path = f"{impl} → SwiGLU → {impl}" + self._fallback_note()

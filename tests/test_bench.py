@@ -305,7 +305,7 @@ def test_variant_names_are_derived_from_their_options():
                                 compiled_loss=v.compiled_loss, compiled_adamw=v.compiled_adamw,
                                 graphed=v.graphed) == v for v in bench.VARIANTS.values())
     assert len(bench.VARIANTS) == len(bench.LADDER + bench.COMPILED_STEPS + bench.COMPILED_ALONE
-                                      + bench.SYNC_FREE + bench.ONE_HOST_READ)  # no two options give one name
+                                      + bench.SYNC_FREE)  # no two options give one name
     committed = {r["variant"] for _, report in bench.committed_train_runs()
                  for r in report["results"] if r.get("part") == "train"}
     assert {name for name in committed if name not in bench.VARIANTS} == {

@@ -69,19 +69,31 @@ def test_te_dispatch_equals_the_reference_permutation(te, host_counts):
 
 
 @pytest.mark.parametrize("recipe_name", [None, "Float8CurrentScaling"])
-def test_te_grouped_linear_reads_the_counts_once_per_layer(te, recipe_name):
-    """The dispatcher's one host read serves TE's permutation and both grouped GEMMs, forward
-    and backward (TE's own wrapper and a second read would make three)."""
-    ref, x, w, idx = _problem()
-    module = convert_experts(ref, "te_grouped_linear")
+def test_te_grouped_linear_host_counts_reads_once_and_computes_the_same(te, recipe_name):
+    """With `host_counts`, the dispatcher's one host read serves TE's permutation and both
+    grouped GEMMs, forward and backward (the default path reads three times), and the same
+    kernels on the same inputs give the default path's outputs and gradients exactly."""
+    ref, x, w, idx = _problem(skew=True)
     recipe = recipe_for(hardware.capabilities(), recipe_name).build() if recipe_name else None
-    _fwd_bwd(module, x, idx, w, recipe)  # warm-up: TE's first call sets up its workspaces
-    syncs, places = count_host_syncs(lambda: _fwd_bwd(module, x, idx, w, recipe))
-    assert syncs == 1, places
+    results, syncs, places = {}, {}, {}
+    for host_counts in (False, True):
+        module = convert_experts(ref, "te_grouped_linear", host_counts=host_counts)
+        _fwd_bwd(module, x, idx, w, recipe)  # warm-up: TE's first call sets up its workspaces
+        syncs[host_counts], places[host_counts] = count_host_syncs(
+            lambda: results.__setitem__(host_counts, _fwd_bwd(module, x, idx, w, recipe)))
+    # gone: TE's wrapper's torch.equal and .item(); the backend's .tolist() now reads the host
+    # copy, and the dispatcher's one read is new
+    assert syncs[False] - syncs[True] == 2, (syncs, places)
+    if recipe is None:
+        assert syncs[True] == 1, places[True]
+    for a, b, what in zip(results[False][:3], results[True][:3], ("output", "input grad",
+                                                                  "routing-weight grad")):
+        assert torch.equal(a, b), what
 
 
 @pytest.mark.parametrize("backend, options", [("grouped_torch", {}), ("te_permute_grouped_mm", {}),
                                               ("te_grouped_linear", {}),
+                                              ("te_grouped_linear", dict(host_counts=True)),
                                               ("te_ops", {}), ("te_ops", dict(glu_interleave_size=32))])
 @pytest.mark.parametrize("skew", [False, True])
 def test_bf16_backends_match_the_loop(te, backend, options, skew):

@@ -420,7 +420,7 @@ class MoEForCausalLM(nn.Module):
     def set_expert_backend(self, name: str, **options) -> MoEForCausalLM:
         """Switch every layer's experts to backend `name` (see `experts.convert_experts`; the TE
         backends take `align` and `cutlass`, te_ops also `glu_interleave_size` and
-        `require_fused`), or to the one the course
+        `require_fused`, te_grouped_linear `host_counts`), or to the one the course
         picks for this model's expert width, precision and machine (`"auto"`:
         `experts.default_backend`). Create the optimizer after this: a TE backend has its own
         parameters."""

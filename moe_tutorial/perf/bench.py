@@ -349,14 +349,7 @@ SYNC_FREE = _expand(dict(backend="sync_free"),
                     dict(backend=("sync_free_fp8", "sync_free_fp8_wgrad"), precision="fp8",
                          graphed=True, compiled_loss=(False, True)))
 
-# TE's own path with one host read per layer: te_grouped_linear, whose dispatcher reads the
-# counts once for TE's permutation kernel and both grouped GEMMs, forward and backward, with the
-# loss and AdamW compiled as in the fastest steps. Named on the command line
-ONE_HOST_READ = _expand(dict(backend="te_grouped_linear", precision=BF16_AND_FP8,
-                             compiled_loss=True, compiled_adamw=True))
-
-VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE,
-                                *ONE_HOST_READ)}
+VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE)}
 TRAIN_VARIANTS = tuple(v.name for v in LADDER)
 # What `bench` runs after the ladder on a GPU, so the summary's best step and its fair HF twin
 # come from one run

@@ -84,7 +84,7 @@ def convert_experts(experts: Experts, name: str, **options) -> Experts:
     """An experts module running backend `name` with the same weights as `experts` (shared
     among the stacked-layout backends, copied through the HF layout to or from a TE one).
     `options` go to the backend's class (the TE backends take `align` and `cutlass`, te_ops also
-    `glu_interleave_size` and `require_fused`)."""
+    `glu_interleave_size` and `require_fused`, te_grouped_linear `host_counts`)."""
     backend = _backend(name)
     _check_options(name, backend, options)
     return backend.cls.from_experts(experts, **backend.options, **options)

@@ -18,14 +18,17 @@ class TEGroupedLinearExperts(TEExperts):
     NVIDIA-BioNeMo/bionemo-recipes@e05e81a): the same sum, rounded differently."""
 
     backend = "te_grouped_linear"
-    # te.GroupedLinear takes its split sizes as a Python list, so the counts go to the host
-    # anyway: the dispatcher reads them once and TE's permutation kernel reuses them
-    permutation = "te_host_counts"
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
-                 align: int | None = None, cutlass: bool = False):
+                 align: int | None = None, cutlass: bool = False, host_counts: bool = False):
+        """`host_counts=True`: te.GroupedLinear takes its split sizes as a Python list, so the
+        counts go to the host anyway; the dispatcher then reads them once, before TE's
+        permutation kernel, which reuses them (`dispatch.te_dispatch`): one host sync per layer
+        instead of three. Off by default until it has run on a GPU beside the default path."""
         super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
                          align=align, cutlass=cutlass)
+        if host_counts:
+            self.permutation = "te_host_counts"
         te = self._te
         for name, (n_in, n_out) in (("gate_up", (hidden_size, 2 * intermediate_size)),
                                     ("down", (intermediate_size, hidden_size))):

@@ -1138,8 +1138,9 @@ CHAPTER_LESSONS = {
                           "and what each GPU holds under data vs expert parallelism.",
     "08_your_model": "Your own MoE (Qwen3-MoE, OLMoE, DeepSeek-V3 or your config.json): "
                      "analysed, converted from transformers, trained.",
-    "09_deep_dive": "Optional, after the chapters: speed-of-light floors, idle gaps, the compiled "
-                    "and in-backward optimizers, and the history of the H200 runs.",
+    "09_deep_dive": "Optional, after the chapters: speed-of-light floors, idle gaps, a step with "
+                    "no host sync, the compiled and in-backward optimizers, and the history of "
+                    "the H200 runs.",
 }
 # Notebooks the table lists but its totals leave out: read them or not, the course is complete.
 OPTIONAL_NOTEBOOKS = {"09_deep_dive"}

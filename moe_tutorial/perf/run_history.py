@@ -1,6 +1,6 @@
 """The committed training-step runs read as a history, for the optional deep dive: the course's
-FP8 step against HF's eager step run after run, and the optimizer and compilation experiments
-each beside the variant it changes. Runs are found by what they hold (`bench.committed_train_runs`),
+FP8 step against HF's eager step run after run, the optimizer and compilation experiments
+each beside the variant it changes, and the steps' host syncs beside their times. Runs are found by what they hold (`bench.committed_train_runs`),
 so a new committed run needs no list updated here."""
 
 from __future__ import annotations
@@ -79,3 +79,33 @@ def candidate_table() -> Table:
                    Path(g["run"]).name] for g in candidate_gains()],
                  title="optimizer and compilation experiments, each beside its base variant in "
                        "the same run (committed runs)")
+
+
+def host_sync_rows() -> list[dict]:
+    """Every committed training row that counted its host syncs (`host_syncs_per_step`), fastest
+    first within each run, with its speed against the compiled HF step (`hf_grouped_mm_compiled`)
+    of the same run where that ran."""
+    found = []
+    for run, report in bench.committed_train_runs():
+        rows = _ok_rows(report)
+        hf = rows.get("hf_grouped_mm_compiled")
+        for name, row in rows.items():
+            if row.get("host_syncs_per_step") is None:
+                continue
+            found.append({"run": run, "gpu": report["environment"]["gpu"], "variant": name,
+                          "ms": row["median_ms"], "syncs": row["host_syncs_per_step"],
+                          "vs_hf_compiled": hf["median_ms"] / row["median_ms"] if hf else None})
+    return sorted(found, key=lambda r: (r["run"], r["ms"]))
+
+
+def host_sync_table() -> Table:
+    """`host_sync_rows` as a table: each step's time, its host syncs, and its speed against the
+    compiled HF step of the same run."""
+    return Table(["variant", "ms/step", "host syncs per step", "compiled HF / this, same run",
+                  "run"],
+                 [[r["variant"], f"{r['ms']:.1f}", r["syncs"],
+                   "-" if r["vs_hf_compiled"] is None else f"{r['vs_hf_compiled']:.2f}x",
+                   f"{Path(r['run']).name} ({r['gpu']})"] for r in host_sync_rows()],
+                 title="host syncs against time: the steps with none beside TE's "
+                       "(mixtral-2l, 2 × 4096 tokens; committed runs; graphed steps also "
+                       "clip gradients)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 
 from ..moe import dispatch, experts
+from ..precision import hardware
 from ..precision.quant import rel_error
 from . import results, widgets
 
@@ -27,8 +28,6 @@ def forward_backward(module, hidden, indices, weights, grad_out, *, recipe=None)
     x = hidden.clone().requires_grad_()
     w = weights.clone().requires_grad_()
     if recipe is not None:
-        from ..precision import hardware
-
         context = hardware.transformer_engine().autocast(enabled=True, recipe=recipe)
     else:
         context = contextlib.nullcontext()

@@ -29,7 +29,7 @@ from unittest import mock
 
 import torch
 
-from ..moe import experts
+from ..moe import experts, routing
 from ..moe.dispatch import run_experts
 from ..moe.model import route
 from ..precision import hardware, recipes
@@ -314,8 +314,6 @@ def fusion_cases(caps, hidden_size: int, intermediate_size: int, *, seed: int = 
 
 def routing_splits(shape, indices, align: int) -> torch.Tensor:
     """Rows per expert of one step of `shape` routed by `indices`, padded to `align`."""
-    from ..moe import routing
-
     return routing.permute(torch.zeros(shape.tokens, 1), indices, None, shape.experts, align)[2].m_splits
 
 

@@ -45,6 +45,7 @@ from ..moe import model as moe_model
 from ..moe.batch import next_token_targets
 from ..moe.config import DTYPES, MoEConfig, preset
 from ..moe.experts import STACKED_BACKENDS, TE_BACKENDS
+from ..moe.hf_baseline import hf_mixtral, hf_training_loss
 from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..parallel import dist_checkpoint, distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
@@ -64,6 +65,7 @@ from ..train.loop import (
 )
 from ..train.loop import train as train_loop
 from . import memory
+from .step_profile import profile_step
 from .timing import allocator_retries, environment, time_fn
 
 
@@ -272,8 +274,6 @@ def _bench_model(args, config, layout, device):
     torch.manual_seed(0)
     model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
     if args.model == "hf":
-        from ..moe.hf_baseline import hf_mixtral, hf_training_loss
-
         hf = hf_mixtral(model, "grouped_mm")
         del model  # only HF's copy of the weights stays on the device
         if args.activation_checkpointing:  # HF's decoder layers, as ours: before FSDP2
@@ -371,8 +371,6 @@ def bench(args, device) -> dict:
               "nccl_kernel_ms_per_step": comm_ms,
               "path": HF_PATH if args.model == "hf" else model.expert_paths()[0]}
     if args.breakdown:  # the step's time by part, communication included (CPU: gloo)
-        from .step_profile import profile_step
-
         result["step_breakdown"] = profile_step(step, device=device, warmup=0).to_dict()
     return result
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from .. import safe_io
+from .data import check_count
 
 FORMAT = 1  # bumped when the file's layout changes; older files are refused by name
 NAME = re.compile(r"step_(\d{8})\.pt")
@@ -93,8 +94,6 @@ class Checkpointing:
 def check_arguments(what: str, directory, every, keep) -> None:
     """The checks of `Checkpointing`'s and `ShardedCheckpointing`'s arguments, as the command
     line's --checkpoint-dir, --checkpoint-every and --keep-checkpoints get them."""
-    from .data import check_count
-
     if not isinstance(directory, (str, os.PathLike)) or not str(directory):
         raise ValueError(f"{what}: directory={directory!r} must be a folder's path, e.g. "
                          f"'runs/small'")

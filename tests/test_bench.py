@@ -303,9 +303,12 @@ def test_variant_names_are_derived_from_their_options():
                             compiled_loss=True).name == "ours_sync_free_fp8_wgrad_graphed_compiled_loss"
     assert all(bench.Variant.of(v.backend, v.precision, hf=v.hf, compiled=v.compiled,
                                 compiled_loss=v.compiled_loss, compiled_adamw=v.compiled_adamw,
-                                graphed=v.graphed) == v for v in bench.VARIANTS.values())
+                                graphed=v.graphed, host_counts=v.host_counts) == v
+               for v in bench.VARIANTS.values())
+    assert bench.Variant.of("te_grouped_linear", "fp8", host_counts=True, compiled_loss=True,
+                            compiled_adamw=True).name == "ours_te_grouped_linear_fp8_host_counts_compiled"
     assert len(bench.VARIANTS) == len(bench.LADDER + bench.COMPILED_STEPS + bench.COMPILED_ALONE
-                                      + bench.SYNC_FREE)  # no two options give one name
+                                      + bench.SYNC_FREE + bench.ONE_HOST_READ)  # one name each
     committed = {r["variant"] for _, report in bench.committed_train_runs()
                  for r in report["results"] if r.get("part") == "train"}
     assert {name for name in committed if name not in bench.VARIANTS} == {
@@ -329,3 +332,11 @@ def test_an_unknown_variant_is_refused_in_one_line_naming_the_choices(capsys):
     assert len(err.splitlines()) == 1
     assert "unknown training variant 'ours_te_ops_fp8_step_in_backward'" in err
     assert all(name in err for name in bench.VARIANTS)
+
+
+def test_the_host_counts_variant_builds_te_grouped_linear_with_one_read():
+    model, _ = bench.variant("ours_te_grouped_linear_bf16_host_counts_compiled").build(
+        preset("tiny"), "cpu")
+    assert {layer.mlp.experts.permutation for layer in model.model.layers} == {"te_host_counts"}
+    with pytest.raises(ValueError, match="host_counts is an option of our te_grouped_linear"):
+        bench.Variant.of("te_ops", "fp8", host_counts=True)

@@ -246,6 +246,9 @@ class Variant:
     # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
     # graph (`train.graphed.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
     graphed: bool = False
+    # Ours, te_grouped_linear: each layer's expert counts read to the host once, for TE's
+    # permutation kernel and both grouped GEMMs (the backend's `host_counts` option)
+    host_counts: bool = False
 
     @classmethod
     def of(cls, backend: str, precision: str = "bf16", **options) -> Variant:
@@ -253,15 +256,18 @@ class Variant:
         `_compiled` (the model compiled) and `_compiled_adamw`; ours `ours_<backend>_<precision>`
         (a self-quantizing backend's name already says its precision) then `_graphed`, and
         `_compiled` for the loss and AdamW compiled together, else `_compiled_loss` or
-        `_compiled_adamw` for one of them."""
+        `_compiled_adamw` for one of them; `_host_counts` after the precision."""
         v = cls("", backend, precision, **options)
+        if v.host_counts and (v.hf or backend != "te_grouped_linear"):
+            raise ValueError(f"host_counts is an option of our te_grouped_linear experts, not of "
+                             f"{'HF' if v.hf else 'our'} {backend!r}")
         if v.hf:
             parts = ["hf", backend, v.compiled and "compiled", v.compiled_adamw and "compiled_adamw"]
         else:
             compiled = ("compiled" if v.compiled_loss and v.compiled_adamw else
                         v.compiled_loss and "compiled_loss" or v.compiled_adamw and "compiled_adamw")
             parts = ["ours", backend, backend not in SELF_QUANTIZING_BACKENDS and precision,
-                     v.graphed and "graphed", compiled]
+                     v.host_counts and "host_counts", v.graphed and "graphed", compiled]
         return replace(v, name="_".join(part for part in parts if part))
 
     @property
@@ -281,7 +287,8 @@ class Variant:
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:
-            model.set_expert_backend(self.backend)
+            model.set_expert_backend(self.backend,
+                                     **({"host_counts": True} if self.host_counts else {}))
             # A self-quantizing backend runs its own FP8 GEMMs in a bf16 model (no te.autocast)
             model.set_precision("bf16" if self.backend in SELF_QUANTIZING_BACKENDS
                                 else self.precision)
@@ -349,7 +356,14 @@ SYNC_FREE = _expand(dict(backend="sync_free"),
                     dict(backend=("sync_free_fp8", "sync_free_fp8_wgrad"), precision="fp8",
                          graphed=True, compiled_loss=(False, True)))
 
-VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE)}
+# TE's own path with one host read per layer: te_grouped_linear with the counts read once, the
+# loss and AdamW compiled as in the fastest steps. Named on the command line, beside
+# `ours_te_grouped_linear_*_compiled` without it
+ONE_HOST_READ = _expand(dict(backend="te_grouped_linear", precision=BF16_AND_FP8,
+                             host_counts=(False, True), compiled_loss=True, compiled_adamw=True))
+
+VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE,
+                                *ONE_HOST_READ)}
 TRAIN_VARIANTS = tuple(v.name for v in LADDER)
 # What `bench` runs after the ladder on a GPU, so the summary's best step and its fair HF twin
 # come from one run

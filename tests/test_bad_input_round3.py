@@ -408,6 +408,18 @@ def test_a_loss_that_fell_is_not_divergence():
     check_learned(_history(3.2, 2.9, 2.5), 24, 1e-3)
 
 
+def test_a_timing_run_leaves_out_the_learning_check_and_only_it(monkeypatch):
+    from moe_tutorial.train import loop
+
+    judged = []
+    monkeypatch.setattr(loop, "check_learned", lambda history, *_: judged.append(len(history)))
+    settings = TrainSettings(steps=3, batch_size=2, warmup_steps=0, eval_every=0)
+    train(_tiny(), BATCHES, settings, progress=False, check_learning=False)
+    assert judged == []
+    train(_tiny(), BATCHES, settings, progress=False)
+    assert judged == [3]
+
+
 def test_a_huge_learning_rate_in_the_api_is_divergence_with_its_history():
     settings = TrainSettings(steps=3, batch_size=2, warmup_steps=0, eval_every=0, lr=1e4)
     with pytest.raises(TrainingDiverged, match="training diverged") as raised:

@@ -869,7 +869,7 @@ def profile_train_step(config, name: str | Variant, *, batch: int = 2, seq_len: 
 
 def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_len: int = 256,
                       device="cuda", lr: float = 1e-3, windows: torch.Tensor | None = None,
-                      timing_warmup: int = 3,
+                      timing_warmup: int = 3, check_learning: bool = True,
                       on_step: Callable[[str, dict], None] | None = None) -> list[dict]:
     """Train every variant for `steps` steps from the same initial weights on the same batches
     and return one row per variant with its loss curve — do the variants train alike?
@@ -888,6 +888,8 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
     loss, so its wall time is complete), tokens_per_s, peak_memory_gb (CUDA only), path (what
     the experts ran), error. `on_step(label, record)` receives each step's `train` record (step,
     loss, step_ms, ...; e.g. for a `widgets.LiveDashboard`), outside the timing.
+    `check_learning=False`: a timing run too short to learn, never "diverged" for a loss that
+    did not fall (`train.train`'s option; a loss that is not finite still is).
     """
     if steps < 1 or batch < 1 or seq_len < 2:
         raise ValueError(f"need steps >= 1, batch >= 1, seq_len >= 2; "
@@ -925,7 +927,8 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
                 row.update(status="unavailable", error=f"{type(exc).__name__}: {exc}"[:500])
                 continue
             try:
-                train(module, batches, settings, forward=forward, on_step=record, progress=False)
+                train(module, batches, settings, forward=forward, on_step=record, progress=False,
+                      check_learning=check_learning)
             except TrainingDiverged as exc:
                 row.update(status="diverged", error=str(exc)[:500])
             if times:

@@ -58,10 +58,12 @@ def padding_table(shapes, shares, aligns) -> widgets.Table:
 
 
 def train_per_recipe(config, train_recipes, *, steps, batch, seq_len, lr, device, windows=None,
-                     dashboard=None, timing_warmup: int = 3) -> list[dict]:
+                     dashboard=None, timing_warmup: int = 3,
+                     check_learning: bool = True) -> list[dict]:
     """bf16 and every recipe of `train_recipes`, each through the te_ops experts, trained from the
     same weights on the same batches (`bench.train_loss_curves`). A recipe te_ops cannot run here
-    is retried with te_grouped_linear, its row saying so; the first run's row is dropped."""
+    is retried with te_grouped_linear, its row saying so; the first run's row is dropped.
+    `check_learning=False` for a timing run too short to learn."""
     variants = [bench.Variant("bf16", "te_ops", "bf16")]
     variants += [bench.Variant(r, "te_ops", r) for r in train_recipes]
     on_step = None
@@ -70,7 +72,8 @@ def train_per_recipe(config, train_recipes, *, steps, batch, seq_len, lr, device
             dashboard.update(label, record["step"], record["tokens_per_s"], loss=record["loss"],
                              memory_gb=timing.peak_memory_gb(device))
     kwargs = dict(steps=steps, batch=batch, seq_len=seq_len, device=device, lr=lr,
-                  windows=windows, timing_warmup=timing_warmup, on_step=on_step)
+                  windows=windows, timing_warmup=timing_warmup, check_learning=check_learning,
+                  on_step=on_step)
     rows = bench.train_loss_curves(config, variants, **kwargs)
     retry = [r for r in rows if r["status"] == "unavailable" and r["variant"] != "bf16"]
     if retry:

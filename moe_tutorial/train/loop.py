@@ -287,7 +287,8 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
           progress: bool = True, forward: Forward | None = None,
           after_backward: Callable[[], None] | None = None,
           clip_grad_norm: Callable[[float], torch.Tensor] | None = None,
-          checkpoint: ckpt.Checkpointing | None = None, resume: bool = False) -> list[dict]:
+          checkpoint: ckpt.Checkpointing | None = None, resume: bool = False,
+          check_learning: bool = True) -> list[dict]:
     """Train `model` for `settings.steps` steps; returns the history (one record per step).
 
     `data`: packed windows ([n, seq_len + 1] token ids, batched and shuffled here), or a
@@ -303,7 +304,8 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
 
     `TrainingDiverged` when the loss stops being finite, or when the run ends with a loss
     worse than at its start or than guessing uniformly (`check_learned`); the exception's
-    `history` holds the records up to there."""
+    `history` holds the records up to there. `check_learning=False` leaves out the second
+    check, for a run too short to learn (a timing run of a few steps)."""
     s = settings
     if resume and checkpoint is None:
         raise ValueError("resume=True needs checkpoint=Checkpointing(directory) to resume from")
@@ -321,7 +323,8 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
                               resume=resume)
     # A distributed run's ranks each see their own batches' losses and could disagree (one
     # raising while the others wait in a collective): its launcher checks the mean over ranks.
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if check_learning and not distributed:
         check_learned(history, getattr(getattr(model, "config", None), "vocab_size", None), s.lr)
     return history
 

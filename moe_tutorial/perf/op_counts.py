@@ -106,7 +106,9 @@ def profile_train_steps(model: torch.nn.Module, step: Callable[[], object], *, s
     try:
         if on_gpu:
             torch.cuda.synchronize()
-        with profile(activities=activities) as prof:
+        # acc_events: one cycle, nothing to clear; without it torch warns on stderr that events
+        # are cleared between cycles (seen in chapter 01's output on an H100)
+        with profile(activities=activities, acc_events=True) as prof:
             for _ in range(steps):
                 with record_function(STEP_LABEL):
                     step()

@@ -1,11 +1,15 @@
 """What the runner's, the builder's and the bad-input tests share: small notebooks written to disk,
-a snapshot of a folder's files, the check that a command line refuses in one line, and three
+a snapshot of a folder's files, a small checkpoint saved the course's way, the check that a
+command line refuses in one line, and three
 fixtures (registered in conftest.py): the runner's fast path, a throwaway checkout of the course,
 and `no_work`, which stops a command the moment it starts its real work."""
 
 from pathlib import Path
 
 import pytest
+import torch
+
+from moe_tutorial.train import checkpoint
 
 
 def notebook(path: Path, *sources: str, parameters: str = "") -> Path:
@@ -21,6 +25,14 @@ def notebook(path: Path, *sources: str, parameters: str = "") -> Path:
                                                             "display_name": "Python 3"}})
     nbformat.write(nb, path)
     return path
+
+
+def save_checkpoint(directory, step: int, keep: int = 3) -> Path:
+    """A checkpoint of a tiny model at `step` in `directory`, as `train` saves it; its path."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    checkpoint.Checkpointing(directory, keep=keep).save(model, optimizer, step, [], {}, {})
+    return checkpoint.path_for(directory, step)
 
 
 def snapshot(folder: Path) -> dict:

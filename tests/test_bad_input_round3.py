@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from course_helpers import WorkStarted, notebook, one_line_error
+from course_helpers import WorkStarted, notebook, one_line_error, save_checkpoint
 
 from moe_tutorial import safe_io
 from moe_tutorial.cli import main
@@ -224,22 +224,15 @@ def _tiny():
     return MoEForCausalLM(preset("tiny"))
 
 
-def _save(directory, step: int, keep: int = 3) -> Path:
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    Checkpointing(directory, keep=keep).save(model, optimizer, step, [], {}, {})
-    return checkpoint.path_for(directory, step)
-
-
 def test_a_checkpoint_is_saved_with_its_checksum_and_nothing_else(tmp_path):
-    path = _save(tmp_path, 2)
+    path = save_checkpoint(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, path.name + ".sha256"]
     assert checkpoint.verify(path) is None
 
 
 def test_a_flipped_bit_is_damage_naming_the_newest_intact_checkpoint(tmp_path):
-    _save(tmp_path, 2)
-    newest = _save(tmp_path, 4)
+    save_checkpoint(tmp_path, 2)
+    newest = save_checkpoint(tmp_path, 4)
     raw = bytearray(newest.read_bytes())
     raw[len(raw) // 2] ^= 1
     newest.write_bytes(bytes(raw))
@@ -249,14 +242,14 @@ def test_a_flipped_bit_is_damage_naming_the_newest_intact_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_without_its_checksum_is_not_trusted(tmp_path):
-    path = _save(tmp_path, 2)
+    path = save_checkpoint(tmp_path, 2)
     checkpoint.checksum_path(path).unlink()
     with pytest.raises(CheckpointError, match="checksum file .* is missing.*start a new run"):
         checkpoint.load_latest(tmp_path)
 
 
 def test_a_truncated_only_checkpoint_says_none_is_left(tmp_path):
-    path = _save(tmp_path, 2)
+    path = save_checkpoint(tmp_path, 2)
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="damaged.*no intact checkpoint is left"):
         checkpoint.load_latest(tmp_path)
@@ -264,13 +257,13 @@ def test_a_truncated_only_checkpoint_says_none_is_left(tmp_path):
 
 def test_pruning_keeps_the_checkpoint_just_written_and_newer_ones(tmp_path):
     for step in (2, 4, 6):
-        _save(tmp_path, step)
-    _save(tmp_path, 1, keep=1)
+        save_checkpoint(tmp_path, step)
+    save_checkpoint(tmp_path, 1, keep=1)
     assert checkpoint.saved_steps(tmp_path) == [1, 2, 4, 6]
 
 
 def test_a_full_disk_while_checkpointing_leaves_the_previous_one(tmp_path, monkeypatch):
-    _save(tmp_path, 2)
+    save_checkpoint(tmp_path, 2)
 
     def save(obj, f):
         raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
@@ -278,7 +271,7 @@ def test_a_full_disk_while_checkpointing_leaves_the_previous_one(tmp_path, monke
     monkeypatch.setattr(checkpoint.torch, "save", save)
     with pytest.raises(safe_io.WriteFailed, match="step_00000004.pt could not be written.*"
                                                   "previous checkpoints are intact"):
-        _save(tmp_path, 4)
+        save_checkpoint(tmp_path, 4)
     assert checkpoint.saved_steps(tmp_path) == [2] and leftovers(tmp_path) == []
     assert checkpoint.verify(checkpoint.path_for(tmp_path, 2)) is None
 
@@ -296,7 +289,7 @@ def _refused_before_any_step(directory, resume=False, error=CheckpointError, mat
 
 
 def test_the_api_refuses_a_folder_of_another_runs_checkpoints(tmp_path):
-    _save(tmp_path, 50)
+    save_checkpoint(tmp_path, 50)
     _refused_before_any_step(tmp_path, match=r"already holds the checkpoints of a run "
                                              r"\(steps \[50\]\); resume it")
     assert checkpoint.saved_steps(tmp_path) == [50]

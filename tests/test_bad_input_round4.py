@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from course_helpers import WorkStarted, notebook, one_line_error
+from course_helpers import WorkStarted, notebook, one_line_error, save_checkpoint
 
 from moe_tutorial import safe_io
 from moe_tutorial.cli import main
@@ -325,15 +325,8 @@ def test_build_api_names_its_arguments(solutions, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Checkpoints
 
-def _save(directory, step: int, keep: int = 3) -> Path:
-    model = torch.nn.Linear(2, 2)
-    optimizer = torch.optim.AdamW(model.parameters())
-    Checkpointing(directory, keep=keep).save(model, optimizer, step, [], {}, {})
-    return checkpoint.path_for(directory, step)
-
-
 def test_a_checkpoint_of_another_format_is_refused_by_name(tmp_path):
-    path = _save(tmp_path, 2)
+    path = save_checkpoint(tmp_path, 2)
     state = torch.load(path, weights_only=True)
     state["format"] = checkpoint.FORMAT + 1
     with safe_io.atomic_file(path, replace=True) as f:
@@ -353,8 +346,8 @@ def test_a_step_file_that_is_no_checkpoint_is_refused_not_a_traceback(tmp_path):
 
 
 def test_a_checksum_file_of_garbage_is_damage_naming_the_intact_one(tmp_path):
-    _save(tmp_path, 2)
-    newest = _save(tmp_path, 4)
+    save_checkpoint(tmp_path, 2)
+    newest = save_checkpoint(tmp_path, 4)
     checkpoint.checksum_path(newest).write_text("garbage\n")
     refused(lambda: checkpoint.load_latest(tmp_path), CheckpointError, "step_00000004.pt",
             "damaged", "step_00000002.pt")
@@ -367,7 +360,7 @@ def test_a_leftover_temporary_file_is_not_a_checkpoint(tmp_path):
 
 def test_keep_one_leaves_exactly_the_newest(tmp_path):
     for step in (2, 4, 6):
-        _save(tmp_path, step, keep=1)
+        save_checkpoint(tmp_path, step, keep=1)
     assert checkpoint.saved_steps(tmp_path) == [6]
 
 

@@ -894,15 +894,8 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
     if steps < 1 or batch < 1 or seq_len < 2:
         raise ValueError(f"need steps >= 1, batch >= 1, seq_len >= 2; "
                          f"got {steps}, {batch}, {seq_len}")
-    needed = steps * batch
-    if windows is None:
-        gen = torch.Generator().manual_seed(0)
-        windows = torch.randint(0, config.vocab_size, (needed, seq_len), generator=gen)
-    if windows.shape[-1] < seq_len:
-        raise ValueError(f"windows of {windows.shape[-1]} tokens are shorter than "
-                         f"seq_len={seq_len}")
-    order = torch.arange(needed) % windows.shape[0]  # the same batches, same order, for all
-    ids = [windows[order[i * batch:(i + 1) * batch], :seq_len].to(device) for i in range(steps)]
+    windows = _curve_windows(config, windows, steps * batch, seq_len)
+    ids = [windows[i * batch:(i + 1) * batch].to(device) for i in range(steps)]
     batches = [(x, next_token_targets(x)) for x in ids]
     settings = TrainSettings(steps=steps, batch_size=batch, lr=lr, warmup_steps=steps // 10,
                              eval_every=0)
@@ -947,6 +940,19 @@ def train_loss_curves(config, variants, *, steps: int = 30, batch: int = 4, seq_
     return results
 
 
+def _curve_windows(config, windows: torch.Tensor | None, needed: int,
+                   seq_len: int) -> torch.Tensor:
+    """The `needed` windows of `seq_len` token ids every variant of a curve trains on, in
+    order: `windows` taken in turn (from the start again when they run out), or random ids."""
+    if windows is None:
+        gen = torch.Generator().manual_seed(0)
+        windows = torch.randint(0, config.vocab_size, (needed, seq_len), generator=gen)
+    if windows.shape[-1] < seq_len:
+        raise ValueError(f"windows of {windows.shape[-1]} tokens are shorter than "
+                         f"seq_len={seq_len}")
+    return windows[torch.arange(needed) % windows.shape[0], :seq_len]
+
+
 def graphed_loss_curves(config, variants, *, steps: int = 80, batch: int = 4, seq_len: int = 256,
                         lr: float = 1e-3, device="cuda",
                         windows: torch.Tensor | None = None) -> list[dict]:
@@ -958,14 +964,7 @@ def graphed_loss_curves(config, variants, *, steps: int = 80, batch: int = 4, se
     order (e.g. `data.load_protein_data(seq_len).train`); default: random tokens, which hold
     nothing to learn beyond a uniform guess. One row per variant, as `train_loss_curves`
     gives."""
-    if windows is None:
-        gen = torch.Generator().manual_seed(0)
-        windows = torch.randint(0, config.vocab_size, (steps * batch, seq_len), generator=gen)
-    if windows.shape[-1] < seq_len:
-        raise ValueError(f"windows of {windows.shape[-1]} tokens are shorter than "
-                         f"seq_len={seq_len}")
-    order = torch.arange(steps * batch) % windows.shape[0]  # as `train_loss_curves` takes them
-    windows = windows[order, :seq_len]
+    windows = _curve_windows(config, windows, steps * batch, seq_len)
     eager = [name for name in variants if not variant(name).graphed]
     rows = {row["variant"]: row for row in train_loss_curves(
         config, eager, steps=steps, batch=batch, seq_len=seq_len, device=device, lr=lr,

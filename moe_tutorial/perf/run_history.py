@@ -1,7 +1,8 @@
 """The committed training-step runs read as a history, for the optional deep dive: the course's
-FP8 step against HF's eager step run after run, the optimizer and compilation experiments
-each beside the variant it changes, and the steps' host syncs beside their times. Runs are found by what they hold (`bench.committed_train_runs`),
-so a new committed run needs no list updated here."""
+FP8 step against HF's eager step run after run, the optimizer and compilation experiments each
+beside the variant it changes, and the steps' host syncs beside their times. Runs are found by
+what they hold (`bench.committed_train_runs`), so a new committed run needs no list updated
+here."""
 
 from __future__ import annotations
 

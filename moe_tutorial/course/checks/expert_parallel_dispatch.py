@@ -1,5 +1,5 @@
-"""Exercise 07's checks: the dispatch order, the count exchange (on real gloo process
-groups), the local experts of the received rows."""
+"""Exercise 07's checks: the count exchange (on real gloo process groups) and the local experts
+of the received rows."""
 
 from __future__ import annotations
 
@@ -18,35 +18,12 @@ from .harness import (
     Failure,
     LearnerError,
     expect_tensor,
-    expect_tuple,
     first_line,
     generator,
     is_integer,
     is_stub,
     run_check,
-    sizes,
 )
-
-
-def _dispatch_cases() -> list[Case]:
-    g = generator(112)
-
-    def make(name, tokens, num_experts, top_k, ep, starve=()):
-        # low-numbered experts are popular: the ranks get different numbers of rows
-        logits = torch.randn(tokens, num_experts, generator=g) + torch.linspace(1, -1, num_experts)
-        logits[:, list(starve)] = -1e4
-        _, indices = model.route(logits, top_k)
-        return Case(name, (indices, num_experts, ep))
-
-    return [
-        make(f"uneven routing ({sizes(37, 4, 2)}, ep=2)", 37, 4, 2, 2),
-        make(f"expert 1 receives no tokens ({sizes(30, 4, 2)}, ep=2)", 30, 4, 2, 2, (1,)),
-        make(f"rank 1's experts 4-7 receive no tokens ({sizes(26, 8, 2)}, ep=2)", 26, 8, 2, 2,
-             (4, 5, 6, 7)),
-        make(f"ep=3, 2 experts per rank ({sizes(33, 6, 2)})", 33, 6, 2, 3),
-        make(f"ep=4, 2 experts per rank ({sizes(45, 8, 2)})", 45, 8, 2, 4),
-        make(f"top-1, one expert per rank ({sizes(20, 4, 1)}, ep=4)", 20, 4, 1, 4),
-    ]
 
 
 def _experts_of(rank: int, per_rank: int) -> str:
@@ -54,137 +31,18 @@ def _experts_of(rank: int, per_rank: int) -> str:
     return f"expert {first}" if first == last else f"experts {first}-{last}"
 
 
-def _verify_dispatch_counts(counts, want: torch.Tensor) -> None:
-    num_experts = want.numel()
-    counts = expect_tensor(counts, "your tokens_per_expert")
-    if counts.dtype != torch.int64:
-        raise Failure(f"your tokens_per_expert is {counts.dtype}, expected torch.int64 "
-                      "(torch.bincount gives it): the count exchange sends it as it is, into a "
-                      "buffer of the same dtype on every rank")
-    if counts.dim() != 1:
-        raise Failure(f"your tokens_per_expert has shape {list(counts.shape)}; return a 1-D "
-                      f"tensor [E] = [{num_experts}], one count per expert")
-    if not counts.is_contiguous():
-        raise Failure("your tokens_per_expert is not contiguous: dist.all_to_all_single sends "
-                      "only contiguous tensors - return it .contiguous()")
-    if counts.numel() != num_experts:
-        empty = [e for e in range(num_experts) if want[e] == 0]
-        if empty and counts.numel() < num_experts:
-            raise Failure(f"expert {empty[-1]} receives no tokens and your tokens_per_expert has "
-                          f"{counts.numel()} entries: one per expert, zeros included "
-                          "(torch.bincount(..., minlength=num_experts)) - the receiving rank "
-                          "reads expert e's count at position e")
-        raise Failure(f"your tokens_per_expert has {counts.numel()} entries; it needs one per "
-                      f"expert ({num_experts})")
-    if not torch.equal(counts, want):
-        e = int((counts != want).nonzero()[0])
-        raise Failure(f"expert {e} gets {int(want[e])} token copies, your tokens_per_expert says "
-                      f"{int(counts[e])}: count every (token, slot) pair, "
-                      "torch.bincount(indices.flatten(), minlength=num_experts)")
-
-
-def _verify_rows_per_rank(sends, indices: torch.Tensor, counts: torch.Tensor,
-                          want: torch.Tensor) -> None:
-    ep, num_experts = want.numel(), counts.numel()
-    per_rank = num_experts // ep
-    try:
-        sends = torch.as_tensor(sends).detach()
-    except (TypeError, ValueError, RuntimeError):
-        raise Failure(f"rows_per_rank should be one row count per rank (a list or an int tensor), "
-                      f"yours is {type(sends).__name__}") from None
-    if sends.dim() != 1:  # its .tolist() are the all-to-all's split sizes: a flat list
-        raise Failure(f"your rows_per_rank has shape {list(sends.shape)}; return one row count "
-                      f"per rank, [ep] = [{ep}]")
-    if torch.equal(sends.long(), want) and is_integer(sends):
-        return
-    every_ep_th = counts.view(per_rank, ep).sum(0)  # rank r holding experts r, r + ep, ...
-    by_e_over_ep = torch.bincount(indices.flatten() // ep, minlength=ep)  # not e // (E/ep)
-    if per_rank > 1 and ep > 1 and torch.equal(sends.long(), every_ep_th):
-        raise Failure(f"your rows_per_rank {sends.tolist()} adds up every ep-th expert (rank 0: "
-                      f"experts 0, {ep}, …), but rank r owns the contiguous block of experts "
-                      "r·E/ep … (r+1)·E/ep − 1: tokens_per_expert.view(ep, E/ep).sum(1)")
-    if per_rank != ep and torch.equal(sends.long(), by_e_over_ep):
-        raise Failure(f"expert e lives on rank e // (E/ep) = e // {per_rank}, not e // ep = "
-                      f"e // {ep}: tokens_per_expert.view(ep, E/ep).sum(1)")
-    if sends.numel() != ep:
-        raise Failure(f"your rows_per_rank has {sends.numel()} entries; it needs one per rank of "
-                      f"the ep group ({ep})")
-    if not is_integer(sends):
-        raise Failure(f"your rows_per_rank is {sends.dtype}: the all-to-all's split sizes are "
-                      "integers")
-    r = int((sends.long() != want).nonzero()[0])
-    raise Failure(f"rank {r} owns {_experts_of(r, per_rank)}, which get {int(want[r])} of this "
-                  f"rank's copies; your rows_per_rank says {int(sends[r])}: sum tokens_per_expert "
-                  "over each rank's block of E/ep experts")
-
-
-def _verify_dispatch(case: Case, call) -> None:
-    indices, num_experts, ep = case.args
-    order, counts, sends = expect_tuple(call(*case.args), 3,
-                                        "(order, tokens_per_expert, rows_per_rank)")
-    want_order, want_counts, want_sends = distributed.dispatch_order(indices, num_experts, ep)
-    _verify_dispatch_counts(counts, want_counts)
-    _verify_rows_per_rank(sends, indices, want_counts, want_sends)
-    order = expect_tensor(order, "your order")
-    copies, top_k = indices.numel(), indices.shape[1]
-    if order.dtype != torch.int64:
-        raise Failure(f"your order is {order.dtype}, expected torch.int64 (torch.argsort gives "
-                      "it): the layer puts the rows back with index_copy(0, order, ...), which "
-                      "takes int64 indices only")
-    if order.dim() != 1 or order.numel() != copies:
-        raise Failure(f"your order has shape {list(order.shape)}, expected one entry per token "
-                      f"copy, [T·k] = [{copies}]: sort indices.flatten()")
-    order = order.long()
-    if torch.equal(order, want_order):
-        return
-    if top_k > 1 and torch.equal(order, want_order // top_k):
-        raise Failure("your order holds token numbers t; return copy numbers t·k + j: a token's k "
-                      "copies go to different experts, and weights.flatten()[order] must find "
-                      "each copy's own routing weight")
-    if not torch.equal(order.sort().values, torch.arange(copies)):
-        raise Failure(f"your order is not a permutation of the copy numbers 0 … T·k − 1 = "
-                      f"{copies - 1}: order[i] is the copy (t·k + j) that goes to row i")
-    if torch.equal(order, torch.argsort(want_order)):
-        raise Failure("your order is the inverse permutation (the row each copy goes to): "
-                      "order[i] must be the copy t·k + j that goes to row i, so that "
-                      "indices.flatten()[order] is sorted - torch.argsort gives exactly that")
-    experts_in_order = indices.reshape(-1)[order]
-    if (experts_in_order[1:] < experts_in_order[:-1]).any():
-        rank_in_order = experts_in_order // (num_experts // ep)
-        if not (rank_in_order[1:] < rank_in_order[:-1]).any():
-            r = int(rank_in_order[(experts_in_order[1:] < experts_in_order[:-1]).nonzero()[0]])
-            block = experts_in_order[rank_in_order == r].tolist()
-            raise Failure(f"your order sorts the copies by destination rank but not by expert "
-                          f"within a rank (rank {r}'s rows are for experts {block[:8]}…): the "
-                          "receiver splits each sender's rows by expert (recv_counts), so sort by "
-                          "expert id - experts being sharded contiguously, that sorts by rank too")
-        raise Failure("indices.flatten()[order] is not sorted: order must put the copies in "
-                      "order of their expert (torch.argsort(indices.flatten(), stable=True))")
-    e = int(experts_in_order[(order != want_order).nonzero()[0]])
-    mine = order[experts_in_order == e].tolist()
-    raise Failure(f"your order groups the copies by expert but not in token order within an "
-                  f"expert (expert {e}: copies {mine[:6]}…, in order {sorted(mine)[:6]}…): sort "
-                  "stably, torch.argsort(..., stable=True), as the package does - an unstable "
-                  "sort may order them differently from run to run")
-
-
-def check_dispatch_order(learner_fn) -> bool:
-    """`dispatch_order(indices [T, k], num_experts, ep) -> (order [T·k], tokens_per_expert [E],
-    rows_per_rank [ep])` against `distributed.dispatch_order`: the stable sort of the copies by
-    expert, the counts per expert (zeros included) and per rank's contiguous block of experts."""
-    return run_check("check_dispatch_order", learner_fn, _dispatch_cases(), _verify_dispatch,
-                     against="distributed.dispatch_order")
-
-
 # The count exchange runs on real process groups: `EXCHANGE_WORLD` gloo processes, each case on
 # a group of some of them. A collective of the check waits at most EXCHANGE_TIMEOUT_S for its
 # peers, so a learner's deadlock costs seconds, not a hang.
 EXCHANGE_WORLD = 3
 EXCHANGE_TIMEOUT_S = 5.0
-# torch.distributed's collectives, recorded when the learner's function calls them
-_COLLECTIVES = ("all_to_all_single", "all_to_all", "all_reduce", "all_gather",
-                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor", "broadcast",
-                "gather", "scatter", "send", "recv", "isend", "irecv")
+# torch.distributed's collectives, recorded when the learner's function calls them. torch 2.13
+# deprecates reduce_scatter_tensor and all_gather_into_tensor for reduce_scatter_single and
+# all_gather_single, which older torch lacks: each name is recorded where torch has it.
+_COLLECTIVES = tuple(name for name in (
+    "all_to_all_single", "all_to_all", "all_reduce", "all_gather", "all_gather_into_tensor",
+    "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "broadcast", "gather", "scatter", "send", "recv", "isend", "irecv") if hasattr(dist, name))
 
 
 def _exchange_cases() -> list[Case]:
@@ -213,16 +71,24 @@ def _exchange_cases() -> list[Case]:
 @contextlib.contextmanager
 def _recording_collectives(log: list[str]):
     """Every call of a torch.distributed collective appends its name to `log` (both modules
-    that hold them are patched, so `from torch.distributed import ...` is recorded too)."""
+    that hold them are patched, so `from torch.distributed import ...` is recorded too). Only the
+    call the learner made is recorded, not the collectives it calls in turn (torch 2.13's
+    deprecated `all_gather_into_tensor` calls `all_gather_single`)."""
     from torch.distributed import distributed_c10d
 
     originals = {name: getattr(dist, name) for name in _COLLECTIVES}
+    depth = [0]
 
     def recording(name, fn):
         @functools.wraps(fn)
         def collective(*args, **kwargs):
-            log.append(name)
-            return fn(*args, **kwargs)
+            if not depth[0]:
+                log.append(name)
+            depth[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
         return collective
 
     try:

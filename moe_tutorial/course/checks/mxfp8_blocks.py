@@ -1,4 +1,5 @@
-"""Exercise 03's checks: MXFP8 quantization of one block, of a tensor, and back."""
+"""Exercise 03's check: MXFP8 quantization of a tensor, block by block (its first case is one block,
+the worked example)."""
 
 from __future__ import annotations
 
@@ -8,32 +9,17 @@ from ...precision import quant
 from .harness import (
     Case,
     Failure,
-    expect_shape,
     expect_tensor,
     expect_tuple,
-    first_index,
     generator,
-    is_close,
-    mismatch,
     run_check,
 )
 
 # The package's implementation with the exercise's signature (`checks.reference`)
 
-def reference_quantize_block(block):
-    """quant.mxfp8_quantize(rule="te") on one block"""
-    data, scales = quant.mxfp8_quantize(block.reshape(1, -1), rule="te")
-    return data.reshape(-1), int(scales.reshape(-1)[0])
-
-
 def reference_quantize(x):
     """quant.mxfp8_quantize(x, rule="te")"""
     return quant.mxfp8_quantize(x, rule="te")
-
-
-def reference_dequantize(data, scales):
-    """quant.mxfp8_dequantize"""
-    return quant.mxfp8_dequantize(data, scales)
 
 
 def _e4m3_value(code: int) -> float:
@@ -68,48 +54,6 @@ def _code_diagnosis(x: float, scale_byte: int, mine: int, want: int, where: str)
             "element by the block's scale 2^E, then cast to float8_e4m3fn")
 
 
-def _block_cases() -> list[Case]:
-    g = generator(107)
-
-    def block(scale=1.0, n=32):
-        return torch.randn(n, generator=g) * scale
-
-    worked = (torch.rand(32, generator=g) * 6 - 3)
-    worked[:3] = torch.tensor([480.0, -3.3, 0.01])
-    exact = block(100).clamp(-400, 400)
-    exact[7] = 448.0
-    just_above = block(100).clamp(-400, 400)
-    just_above[20] = 449.0
-    negative = block(10)
-    negative[5] = -1000.0
-    return [
-        Case("the worked example (largest value 480, also -3.3 and 0.01)", (worked,)),
-        Case("random normal values", (block(),)),
-        Case("largest value exactly 448 (scale 2^0 fits)", (exact,)),
-        Case("largest value 449 (just needs 2^1)", (just_above,)),
-        Case("small values (amax ~ 1e-3: a negative exponent)", (block(3e-4),)),
-        Case("the largest magnitude is negative (-1000)", (negative,)),
-        Case("an all-zero block", (torch.zeros(32),)),
-        Case("bf16 input (amax ~ 3e4)", (block(1e4).bfloat16(),)),
-    ]
-
-
-def _scale_byte(value) -> int:
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise Failure(f"return one scale byte for the block, yours has shape {list(value.shape)}")
-        if value.is_floating_point() and value.item() != int(value.item()):
-            raise Failure(f"your scale is {value.item():g}: return the E8M0 byte, the integer "
-                          "E + 127 (the scale is 2^E)")
-        return int(value.item())
-    if isinstance(value, float) and not value.is_integer():
-        raise Failure(f"your scale is {value:g}: return the E8M0 byte, the integer E + 127 "
-                      "(the scale is 2^E)")
-    if not isinstance(value, (int, float)):
-        raise Failure(f"return the scale byte as an int, not {type(value).__name__}")
-    return int(value)
-
-
 def _fp8_codes(data, shape, what: str) -> torch.Tensor:
     data = expect_tensor(data, what)
     if data.dtype != torch.float8_e4m3fn:
@@ -121,39 +65,27 @@ def _fp8_codes(data, shape, what: str) -> torch.Tensor:
     return data.view(torch.uint8).long()
 
 
-def _verify_block(case: Case, call) -> None:
-    (block,) = case.args
-    data, scale = expect_tuple(call(block), 2, "(elements as float8_e4m3fn, scale byte)")
-    ref_data, ref_byte = reference_quantize_block(block)
-    mine = _scale_byte(scale)
-    amax = block.float().abs().max().item()
-    if mine != ref_byte:
-        signed = block.float().max().item()
-        if signed < amax and mine == int(quant.mx_scale_from_amax(torch.tensor(signed))):
-            raise Failure(f"your scale follows the largest value {signed:g}, but the largest "
-                          f"magnitude is {amax:g}: take block.abs().max()")
-        raise Failure(_scale_diagnosis(amax, mine, ref_byte, "the block"))
-    codes = _fp8_codes(data, block.shape, "your elements")
-    want = ref_data.view(torch.uint8).long()
-    if not torch.equal(codes, want) and amax == 0:
-        raise Failure(f"an all-zero block must stay zeros (codes 0x00), yours has "
-                      f"0x{int(codes[codes != 0][0]):02X}: with amax 0 do not divide 0 by a zero "
-                      "scale (0 / 0 is NaN, code 0x7F)")
-    if not torch.equal(codes, want):
-        i = int((codes != want).nonzero()[0])
-        raise Failure(_code_diagnosis(block[i].float().item(), ref_byte, int(codes[i]),
-                                      int(want[i]), f"element {i}"))
+def _one_block_cases() -> list[Case]:
+    """Single blocks where the scale rule goes wrong: the worked example first."""
+    g = generator(107)
 
+    def block(scale=1.0):
+        return torch.randn(1, 32, generator=g) * scale
 
-def check_quantize_block(learner_fn) -> bool:
-    """`quantize_block(block [32]) -> (elements float8_e4m3fn [32], scale byte int)` against
-    `quant.mxfp8_quantize(rule="te")`: the smallest 2^E with amax / 2^E ≤ 448."""
-    return run_check("check_quantize_block", learner_fn, _block_cases(), _verify_block,
-                     against="quant.mxfp8_quantize",
-                     error_hints=(
-                         ("-inf", "an all-zero block has amax 0: handle it (scale byte 0)"),
-                         ("cannot convert float infinity", "an all-zero block has amax 0 and "
-                          "log2(0) = -inf: handle it (scale byte 0)")))
+    worked = torch.rand(1, 32, generator=g) * 6 - 3
+    worked[0, :3] = torch.tensor([480.0, -3.3, 0.01])
+    edges = block(100).clamp(-400, 400).repeat(2, 1)
+    edges[0, 7], edges[1, 20] = 448.0, 449.0
+    negative = block(10)
+    negative[0, 5] = -1000.0
+    return [
+        Case("the worked example: one block, largest value 480, also -3.3 and 0.01", (worked,)),
+        Case("two blocks, largest values exactly 448 (scale 2^0 fits) and 449 (just needs 2^1)",
+             (edges,)),
+        Case("small values (amax ~ 1e-3: a negative exponent)", (block(3e-4),)),
+        Case("a block whose largest magnitude is negative (-1000)", (negative,)),
+        Case("an all-zero block", (torch.zeros(1, 32),)),
+    ]
 
 
 def _tensor_cases() -> list[Case]:
@@ -162,8 +94,11 @@ def _tensor_cases() -> list[Case]:
     outlier[0, 40] = 1000.0
     zero_row = torch.randn(3, 64, generator=g)
     zero_row[1] = 0.0
+    worked, *edges = _one_block_cases()  # the worked example first, then a random tensor
     return [
+        worked,
         Case("4 rows × 64 values (2 blocks per row)", (torch.randn(4, 64, generator=g),)),
+        *edges,
         Case("3 rows × 100 values (not a multiple of 32: the last block holds 4)",
              (torch.randn(3, 100, generator=g) * 5,)),
         Case("an outlier (1000) in row 0's second block", (outlier,)),
@@ -201,10 +136,16 @@ def _verify_tensor(case: Case, call) -> None:
     if not torch.equal(mine, want):
         r, b = (int(v) for v in (mine != want).nonzero()[0])
         amax = x[r, b * 32:(b + 1) * 32].float().abs().max().item()
-        if mine.unique().numel() == 1 and want.unique().numel() > 1:
+        per_tensor = int(quant.mx_scale_from_amax(x.float().abs().max()))
+        if (mine == per_tensor).all() and want.unique().numel() > 1:
             raise Failure(f"every block got the same scale byte {int(mine[0, 0])}: each block of "
                           "32 values gets its own scale from its own amax (so an outlier only "
                           f"costs its own block; row {r}, block {b} needs byte {int(want[r, b])})")
+        signed = x[r, b * 32:(b + 1) * 32].float().max().item()
+        if signed < amax and int(mine[r, b]) == int(quant.mx_scale_from_amax(torch.tensor(signed))):
+            raise Failure(f"row {r}, block {b}: your scale follows the largest value {signed:g}, "
+                          f"but the largest magnitude is {amax:g}: take the amax of the absolute "
+                          "values (.abs() before the max)")
         raise Failure(_scale_diagnosis(amax, int(mine[r, b]), int(want[r, b]),
                                        f"row {r}, block {b}"))
     data = expect_tensor(data, "your data")
@@ -215,6 +156,11 @@ def _verify_tensor(case: Case, call) -> None:
     ref_codes = ref_data.view(torch.uint8).long()
     if not torch.equal(codes, ref_codes):
         r, c = (int(v) for v in (codes != ref_codes).nonzero()[0])
+        if x[r, c // 32 * 32:(c // 32 + 1) * 32].float().abs().max().item() == 0:
+            raise Failure(f"row {r}, block {c // 32} is all zeros and must stay zeros (codes "
+                          f"0x00), yours has 0x{int(codes[r, c]):02X}: an all-zero block has amax "
+                          "0 - give it scale byte 0 (E = -127, clamped), never divide by 2^-inf "
+                          "or by a zero scale (0 / 0 is NaN)")
         raise Failure(_code_diagnosis(x[r, c].float().item(), int(want[r, c // 32]),
                                       int(codes[r, c]), int(ref_codes[r, c]),
                                       f"row {r}, column {c}"))
@@ -224,58 +170,8 @@ def check_quantize(learner_fn) -> bool:
     """`quantize(x [rows, N]) -> (data float8_e4m3fn [rows, N], scales uint8 [rows, ceil(N/32)])`
     against `quant.mxfp8_quantize(x, rule="te")`."""
     return run_check("check_quantize", learner_fn, _tensor_cases(), _verify_tensor,
-                     against="quant.mxfp8_quantize")
-
-
-def _dequantize_cases() -> list[Case]:
-    g = generator(109)
-    wide = torch.randn(2, 128, generator=g) * (2.0 ** torch.arange(-20, 20, 10).repeat_interleave(32))
-    zero_row = torch.randn(3, 64, generator=g)
-    zero_row[2] = 0.0
-    inputs = [
-        ("4 rows × 64 values", torch.randn(4, 64, generator=g)),
-        ("3 rows × 100 values (the last block holds 4)", torch.randn(3, 100, generator=g) * 7),
-        ("blocks from 2^-20 to 2^10 (a wide dynamic range)", wide),
-        ("an all-zero row (scale byte 0)", zero_row),
-    ]
-    return [Case(name, quant.mxfp8_quantize(x, rule="te")) for name, x in inputs]
-
-
-def _verify_dequantize(case: Case, call) -> None:
-    data, scales = case.args
-    out = expect_tensor(call(data, scales), "your output")
-    blocks_cols = scales.shape[-1] * quant.MX_BLOCK
-    if out.dim() == 2 and out.shape[-1] == blocks_cols != data.shape[-1]:
-        raise Failure(f"your output has {out.shape[-1]} columns, the data {data.shape[-1]}: drop "
-                      "the padding of the last block")
-    expect_shape(out, data.shape, "your output", "the data's shape")
-    if out.dtype != torch.float32:
-        raise Failure(f"your output is {out.dtype}: return float32")
-    ref = reference_dequantize(data, scales)
-    if is_close(out, ref, 1e-6):
-        return
-    values = quant.fp8_decode(data)  # float32, as a learner's code computes it
-    byte = scales.float().repeat_interleave(quant.MX_BLOCK, dim=-1)[..., :data.shape[-1]]
-    variants = [
-        (values * torch.exp2(byte), "you scaled by 2^byte: the byte is biased, the scale is "
-                                    "2^(byte - 127)"),
-        (values / torch.exp2(byte - 127), "you divided by the scale: dequantizing multiplies "
-                                          "each element by 2^(byte - 127)"),
-    ]
-    for variant, diagnosis in variants:
-        if torch.allclose(out.float(), variant, rtol=1e-6, atol=0.0, equal_nan=True):
-            raise Failure(diagnosis)
-    r, c = first_index(mismatch(out, ref, 1e-6))
-    raise Failure(f"row {r}, column {c} decodes to {out[r, c].item():g} instead of "
-                  f"{ref[r, c].item():g}: value = E4M3 element × 2^(scale byte - 127) of its "
-                  "block (block = column // 32)")
-
-
-def check_dequantize(learner_fn) -> bool:
-    """`dequantize(data float8_e4m3fn [rows, N], scales uint8 [rows, ceil(N/32)]) -> float32`
-    against `quant.mxfp8_dequantize`."""
-    return run_check("check_dequantize", learner_fn, _dequantize_cases(), _verify_dequantize,
-                     against="quant.mxfp8_dequantize",
-                     error_hints=(("must match the size", "cut the repeated scales to the data's "
-                                   "N columns ([..., :N]): the last block may hold fewer than 32 "
-                                   "values"),))
+                     against="quant.mxfp8_quantize",
+                     error_hints=(
+                         ("-inf", "an all-zero block has amax 0: handle it (scale byte 0)"),
+                         ("cannot convert float infinity", "an all-zero block has amax 0 and "
+                          "log2(0) = -inf: handle it (scale byte 0)")))

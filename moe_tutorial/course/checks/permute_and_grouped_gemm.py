@@ -1,4 +1,4 @@
-"""Exercise 02's checks: the permutation, its inverse, the grouped expert MLP."""
+"""Exercise 02's checks: the permutation and the grouped expert MLP."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from .harness import (
     expect_shape,
     expect_tensor,
     expect_tuple,
-    first_index,
     generator,
     is_close,
     is_integer,
@@ -33,22 +32,6 @@ def reference_permute(hidden, indices, num_experts, align=1):
     """routing.permute"""
     rows, _, perm = routing.permute(hidden, indices, None, num_experts, align)
     return rows, perm.m_splits, perm.assignment_rows
-
-
-def _permutation_of(row_of: torch.Tensor, num_rows: int) -> routing.Permutation:
-    """A `routing.Permutation` for a buffer of `num_rows` rows whose token copies sit at
-    `row_of` [T, k], the buffer taken as one block (all `unpermute` reads is the row map)."""
-    flat = row_of.reshape(-1).long()
-    order = torch.argsort(flat, stable=True)
-    rows = torch.tensor([num_rows], device=row_of.device)
-    return routing.Permutation(order // row_of.shape[1], flat[order], row_of.long(),
-                               torch.tensor([flat.numel()], device=row_of.device), rows,
-                               num_rows, 1)
-
-
-def reference_unpermute(rows, row_of, weights=None):
-    """routing.unpermute"""
-    return routing.unpermute(rows, _permutation_of(row_of, rows.shape[0]), weights)
 
 
 def _offsets(m_splits) -> torch.Tensor:
@@ -171,74 +154,6 @@ def check_permute(learner_fn) -> bool:
     row_of [T, k])` against `routing.permute`: every copy in its expert's block, padding zero."""
     return run_check("check_permute", learner_fn, _permute_cases(), _verify_permute,
                      against="routing.permute")
-
-
-def _unpermute_cases() -> list[Case]:
-    g = generator(105)
-
-    def make(name, tokens, num_experts, top_k, align, hidden=24, dtype=torch.float32, skip=None,
-             weighted=True):
-        weights, indices = random_routing(g, tokens, num_experts, top_k, skip_expert=skip)
-        x = torch.randn(tokens, hidden, generator=g)
-        _, _, perm = routing.permute(x, indices, None, num_experts, align)
-        outputs = torch.randn(perm.num_rows, hidden, generator=g).to(dtype)  # the experts' rows
-        return Case(name, (outputs, perm.assignment_rows, weights if weighted else None),
-                    {"perm": perm})
-
-    return [
-        make(f"weighted merge ({sizes(37, 4, 2, align=1)})", 37, 4, 2, 1),
-        make(f"padded buffer, expert 3 receives no tokens ({sizes(30, 4, 2, align=8)})",
-             30, 4, 2, 8, skip=3),
-        make("weights=None (rows already scaled by ScaledSwiGLU: a plain sum; 25 tokens, top-2)",
-             25, 4, 2, 4, weighted=False),
-        make(f"bf16 expert outputs ({sizes(33, 4, 2, align=4)})", 33, 4, 2, 4, 32, torch.bfloat16),
-        make(f"top-1 ({sizes(20, 4, 1, align=1)})", 20, 4, 1, 1),
-    ]
-
-
-def _verify_unpermute(case: Case, call) -> None:
-    rows, row_of, weights = case.args
-    perm = case.info["perm"]
-    tokens, top_k = row_of.shape
-    out = expect_tensor(call(*case.args), "your output")
-    if tuple(out.shape) == (tokens, top_k, rows.shape[1]) and top_k > 1:
-        raise Failure(f"your output has shape {list(out.shape)}: sum each token's {top_k} expert "
-                      "outputs into one row ([tokens, hidden])")
-    expect_shape(out, (tokens, rows.shape[1]), "your output", "[tokens, hidden]")
-    if out.dtype != rows.dtype:
-        raise Failure(f"your output is {out.dtype}, the expert outputs {rows.dtype}: sum in "
-                      "float32 if you like, then cast back to the rows' dtype")
-    ref = routing.unpermute(rows, perm, weights)
-    tol = tolerance(rows.dtype)
-    if is_close(out, ref, tol):
-        return
-    if weights is not None:
-        if top_k > 1 and is_close(out, routing.unpermute(rows, perm, None), tol):
-            raise Failure("your output ignores the routing weights: multiply each of the k expert "
-                          "outputs by its weight before summing")
-        averaged = routing.unpermute(rows, perm, torch.full_like(weights, 1 / top_k))
-        if top_k > 1 and is_close(out, averaged, tol):
-            raise Failure("you averaged the k expert outputs: weight each by its routing weight "
-                          "weights[t, j] and sum")
-        if top_k > 1 and is_close(out, routing.unpermute(rows, perm, weights.flip(-1)), tol):
-            raise Failure("your weights are paired with the wrong slots: weights[t, j] goes with "
-                          "row row_of[t, j]")
-    elif is_close(out, routing.unpermute(rows, perm, torch.full(row_of.shape, 1 / top_k)), tol):
-        raise Failure("with weights=None you averaged the k outputs: they are already scaled, so "
-                      "sum them as they are")
-    (t,) = first_index(mismatch(out, ref, tol).any(-1))
-    raise Failure(f"token {t} differs by {max_rel_difference(out, ref):.1e} (relative): out[t] = "
-                  "Σ_j weights[t, j] · rows[row_of[t, j]] (the plain sum when weights is None)")
-
-
-def check_unpermute(learner_fn) -> bool:
-    """`unpermute(rows [R, H], row_of [T, k], weights [T, k] or None) -> [T, H]` against
-    `routing.unpermute`."""
-    return run_check("check_unpermute", learner_fn, _unpermute_cases(), _verify_unpermute,
-                     against="routing.unpermute",
-                     error_hints=(("NoneType", "when weights is None the rows are already "
-                                               "weighted (ScaledSwiGLU applied them): sum them "
-                                               "as they are"),))
 
 
 def _grouped_cases() -> list[Case]:

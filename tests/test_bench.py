@@ -130,6 +130,23 @@ def test_summary_ratios():
     assert s["train_step_fraction_of_speed_of_light"] == pytest.approx(0.7)  # the FP8 floor
 
 
+def test_ratios_against_hf_compare_like_with_like():
+    """Our step that compiles AdamW is compared with HF's compiled model given the same compiled
+    AdamW; a step that compiles no AdamW with HF's compiled model as HF users run it."""
+    assert bench.hf_twin("ours_te_ops_fp8_compiled") == "hf_grouped_mm_compiled_compiled_adamw"
+    assert bench.hf_twin("ours_te_ops_bf16_compiled_loss") == "hf_grouped_mm_compiled"
+    rows = [dict(part="train", variant=name, status="ok", tokens_per_s=tps) for name, tps in [
+        ("hf_grouped_mm_compiled", 100.0), ("hf_grouped_mm_compiled_compiled_adamw", 110.0),
+        ("ours_te_ops_fp8_compiled", 143.0), ("ours_te_ops_bf16_compiled", 116.6)]]
+    s = bench.summarize(rows)
+    assert s["train_step_like_for_like_hf"] == "hf_grouped_mm_compiled_compiled_adamw"
+    assert s["train_step_speedup_vs_like_for_like_hf"] == pytest.approx(1.3)
+    assert s["train_step_speedup_vs_hf_grouped_mm_compiled"] == pytest.approx(1.43)  # the unlike pair
+    assert s["train_step_best_bf16_speedup_vs_like_for_like_hf"] == pytest.approx(1.06)
+    s = bench.summarize(rows[:1] + rows[2:])  # the twin did not run: no like-for-like ratio
+    assert s["train_step_speedup_vs_like_for_like_hf"] is None
+
+
 def test_merging_a_speed_of_light_part():
     """The section `speed-of-light --out` writes joins the report of the step it describes,
     summary recomputed against its floor; a section for another workload, or one that records

@@ -201,6 +201,15 @@ def peak_memory_gb(device=None) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30
 
 
+def resident_gb(device=None) -> float | None:
+    """Memory torch holds allocated on a CUDA `device` right now, in GiB; None on a CPU. Taken
+    after `reset_memory`, it is what an earlier measurement left behind, which the next peak
+    includes: a peak is a variant's own only where this is about 0."""
+    if device is None or torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.memory_allocated(device) / 2**30
+
+
 def allocator_retries(device=None) -> int | None:
     """How many times torch's caching allocator on a CUDA `device` has found no cached block
     and no free memory, freed its whole cache (`cudaFree`, which waits for the GPU to finish

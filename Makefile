@@ -23,7 +23,7 @@ help:
 
 ## make lab: JupyterLab on your working copy work/ (chapters and exercises side by side; made on
 #   first use, your files there never overwritten: delete one to get a fresh copy); start with
-#   notebooks/00_setup.ipynb; LAB_FLAGS='--ip=0.0.0.0 --no-browser' passes options to Lab
+#   notebooks/01_naive_moe.ipynb; LAB_FLAGS='--ip=0.0.0.0 --no-browser' passes options to Lab
 lab:
 	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial lab -- $(LAB_FLAGS)
 

@@ -106,7 +106,7 @@ def _lab(args: argparse.Namespace) -> int:
     argv = workspace.lab_argv(root, extra)
     if "--allow-root" in argv:
         print("running as root (as in NVIDIA's containers): JupyterLab starts with --allow-root")
-    print(f"JupyterLab on {root}: start with notebooks/00_setup.ipynb", flush=True)
+    print(f"JupyterLab on {root}: start with notebooks/01_naive_moe.ipynb", flush=True)
     os.execv(argv[0], argv)
 
 

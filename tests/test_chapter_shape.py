@@ -8,7 +8,12 @@
 - the conclusions in markdown: at most 150 words printed from string literals;
 - every glossary link leads to an entry of docs/glossary.md, and no paragraph of 40 words or more
   is copied from one chapter into another;
-- no prediction comes with a preselected answer (notebooks, solutions and exercises).
+- no prediction comes with a preselected answer (notebooks, solutions and exercises);
+- the lesson, not the lab notebook: no source-line citation (`file.py:NNN`), no env-var or cuBLASLt
+  lore in the markdown, at most one mention of a results file, at most 1,200 words of markdown;
+  the engineering notes in `docs/notes/NN_<name>.md`, linked once at the chapter's end;
+- the README's first notebook runs a checked router and expert loop within its first 3 code
+  cells and 300 words.
 
 Lines are non-blank lines. The measures are those the course's authors check chapters with.
 """
@@ -45,6 +50,11 @@ GLOSSARY_LINK = re.compile(r"\]\(\.\./docs/glossary\.md(?:#([^)\s]*))?\)")
 MAX_IDEA_LINES, MAX_IDEA_PACKAGE_CALLS = 30, 2
 MAX_CELL_LINES, MAX_MEDIAN_LINES = 40, 12
 MAX_PRINTED_WORDS = 150
+MAX_MARKDOWN_WORDS, MAX_RESULTS_MENTIONS = 1200, 1
+CITATION = re.compile(r"[\w/.-]+\.(?:py|cuh|cu|cpp|h):\d+")
+LORE = re.compile(r"cuBLASLt|\bNVTE_[A-Z_]+")
+RESULTS_MENTION = re.compile(r"benchmarks/results|\bh[12]00[\w-]*\.(?:json|txt)")
+FIRST_AHA_CODE_CELLS, FIRST_AHA_WORDS = 3, 300
 REPEATED_PARAGRAPH_WORDS = 40
 PRINTING = ("print", "Markdown", "display_markdown", "HTML")  # calls whose text a reader reads
 
@@ -72,9 +82,14 @@ def _chapters() -> list:
 
 
 def _only_setup(source: str) -> bool:
-    """Imports, constants and settings read from the environment: nothing a reader learns from."""
+    """Imports, constants, settings read from the environment and the lesson's `SETUP =
+    setup(...)` (`moe_tutorial.course.lesson.setup`: mode, device, sizes): nothing a reader
+    learns from."""
     for statement in _parse(source).body:
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            continue
+        if (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Call)
+                and isinstance(statement.value.func, ast.Name) and statement.value.func.id == "setup"):
             continue
         if isinstance(statement, (ast.Assign, ast.AnnAssign)) and not any(
                 isinstance(node, ast.Call) and not (isinstance(node.func, ast.Attribute)
@@ -215,6 +230,51 @@ def test_a_chapter_says_its_conclusions_in_markdown_not_in_prints(chapter):
         f"{MAX_PRINTED_WORDS}); most in cells " + ", ".join(f"{i} ({n})" for n, i in most))
 
 
+def _markdown(chapter: Path) -> str:
+    return "\n".join(_source(c) for c in _cells(chapter) if c["cell_type"] == "markdown")
+
+
+def markdown_words(text: str) -> int:
+    """Words of 2+ letters, as a reader counts them (link targets and markup add none)."""
+    return len(re.findall(r"[A-Za-z]{2,}", re.sub(r"\]\([^)]*\)", "]", text)))
+
+
+@pytest.mark.parametrize("chapter", _chapters())
+def test_a_chapter_leaves_its_engineering_notes_to_its_notes_page(chapter):
+    markdown = _markdown(chapter)
+    code = "\n".join(_source(c) for c in _cells(chapter) if c["cell_type"] == "code")
+    notes = f"../docs/notes/{chapter.stem}.md"
+    problems = [problem for problem, bad in [
+        (f"source-line citations {CITATION.findall(markdown + code)}", CITATION.search(markdown + code)),
+        (f"env-var/cuBLASLt lore {sorted(set(LORE.findall(markdown)))}", LORE.search(markdown)),
+        (f"{len(RESULTS_MENTION.findall(markdown))} mentions of a results file (at most "
+         f"{MAX_RESULTS_MENTIONS})", len(RESULTS_MENTION.findall(markdown)) > MAX_RESULTS_MENTIONS),
+        (f"{markdown_words(markdown)} words of markdown (at most {MAX_MARKDOWN_WORDS})",
+         markdown_words(markdown) > MAX_MARKDOWN_WORDS),
+        (f"no notes page {notes[3:]}", not (ROOT / notes[3:]).is_file()),
+        (f"{markdown.count(notes)} links to {notes} (exactly one)", markdown.count(notes) != 1),
+    ] if bad]
+    assert not problems, f"{chapter.name}: " + "; ".join(problems)
+
+
+def _readme_first_notebook() -> Path:
+    start = (ROOT / "README.md").read_text().split("## Start", 1)[1]
+    return ROOT / re.search(r"(notebooks/\d\d_\w+\.ipynb)", start).group(1)
+
+
+def test_the_first_notebook_runs_a_checked_moe_within_three_code_cells_and_300_words():
+    first = _readme_first_notebook()
+    cells = _cells(first)
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"][:FIRST_AHA_CODE_CELLS]
+    aha = next((i for i in code if re.search(r"\.topk\(|topk\(", _source(cells[i]))
+                and re.search(r"for \w+ in range", _source(cells[i])) and _is_check(_parse(_source(cells[i])))),
+               None)
+    assert aha is not None, (f"{first.name}: none of its first {FIRST_AHA_CODE_CELLS} code cells runs "
+                             f"the router (topk) and the expert loop with a check")
+    words = sum(markdown_words(_source(c)) for c in cells[:aha] if c["cell_type"] == "markdown")
+    assert words <= FIRST_AHA_WORDS, f"{first.name}: {words} words of markdown before the first MoE runs"
+
+
 # ---------------------------------------------------------------------------------------------
 # Across the chapters
 
@@ -287,6 +347,9 @@ def test_the_idea_cell_is_the_first_that_is_not_parameters_or_imports():
              {"cell_type": "markdown", "metadata": {}, "source": ["# text"]},
              {"cell_type": "code", "metadata": {}, "source": [
                  "import torch\nfrom moe_tutorial.moe import routing as r\nSEED = os.environ.get('S')"]},
+             {"cell_type": "code", "metadata": {}, "source": [
+                 "from moe_tutorial.course.lesson import setup\nDEFAULTS = {'small': {'steps': 1}, 'full': {'steps': 2}}\n"
+                 "SETUP = setup(MODE, DEVICE, DEFAULTS, steps=list(STEPS))"]},
              {"cell_type": "code", "metadata": {}, "source": [
                  "x = torch.randn(3)\ny = r.route(x, 1)\nassert y is not None"]}]
     idea = _first_idea_cell(cells)

@@ -2,6 +2,8 @@
 `perf.blackwell`): what each row says follows from the decision it shows, and a row that did not
 run says why."""
 
+import json
+
 import torch
 
 from moe_tutorial.moe import experts, model, routing
@@ -27,6 +29,10 @@ def test_recipe_choices_cover_this_machine_and_the_hypothetical_ones():
     assert machines == {"this machine", *fp8_training.HYPOTHETICAL}
     assert choices[("Blackwell B200 (hypothetical)", "fastest")].name == "MXFP8BlockScaling"
     assert choices[("Hopper H200 (hypothetical)", "fastest")].align == 16
+    table = fp8_training.recipe_table(choices)  # one row per machine, one column per preference
+    hopper = next(r for r in table.rows if r[0] == "Hopper H200 (hypothetical)")
+    assert len(table.rows) == 1 + len(fp8_training.HYPOTHETICAL)
+    assert hopper[1:] == ["DelayedScaling", "Float8BlockScaling", "16"]
 
 
 def test_the_training_table_compares_with_bf16_of_the_same_run_and_says_why_a_row_failed():
@@ -38,6 +44,13 @@ def test_the_training_table_compares_with_bf16_of_the_same_run_and_says_why_a_ro
     table = fp8_training.training_table(rows, title="t")
     assert table.rows[1][3] == "0.50x" and table.rows[1][6] == "+0.2500"
     assert table.rows[2][1] == "UNAVAILABLE" and "10.x" in table.rows[2][-1]
+    # the closing table's plain summary: speed against bf16 of the same run, losses only where judged
+    kept = fp8_training.summary(rows, "small") + fp8_training.summary(rows, "mixtral-2l", losses_judged=False)
+    assert json.loads(json.dumps(kept)) == kept
+    lines = fp8_training.speed_summary(kept)
+    assert lines["small"] == ("bf16 10.0 ms/step; DelayedScaling 0.50x, loss +0.250 · "
+                              "MXFP8BlockScaling unavailable")
+    assert "loss" not in lines["mixtral-2l"]
 
 
 def test_every_backend_agrees_with_the_loop_and_says_what_ran():

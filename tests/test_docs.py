@@ -6,6 +6,7 @@ import copy
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -152,11 +153,17 @@ def _notebook(path, markdown: str = "", code: str = ""):
     return path
 
 
+def _work_of_source(work):
+    """The part of a Work the notebook's sources give (no run)."""
+    return (work.prose_words, work.code_lines, work.predictions, work.figures)
+
+
 @pytest.mark.parametrize("words, code_lines, minutes", [
     (0, 0, 5),            # a minimum of 5
-    (1000, 0, 5),         # 1000 words at 200 a minute
-    (1001, 0, 10),        # rounded up
-    (1000, 100, 15),      # + 100 lines at 10 a minute
+    (1000, 0, 5),         # 1000 words at 170 a minute: 5.9 minutes
+    (1200, 0, 5),         # 7.1 minutes: to the nearest 5
+    (1300, 0, 10),        # 7.6 rounds up
+    (1000, 100, 20),      # + 100 lines at 8 a minute: 18.4
 ])
 def test_reading_minutes_counts_prose_and_code(tmp_path, words, code_lines, minutes):
     code = "\n".join(["x = 1", "", "# a comment, not counted", "   "] * code_lines)
@@ -164,42 +171,249 @@ def test_reading_minutes_counts_prose_and_code(tmp_path, words, code_lines, minu
     assert docs.reading_minutes(path) == minutes
 
 
-def test_the_chapter_table_lists_every_chapter_with_its_measured_run_time():
+def _tiny_chapter(folder):
+    """A chapter of 400 prose words, a picture, 20 code lines and one prediction (and a call of
+    another module's `predict`, which is no prediction of the learner's)."""
+    code = "\n".join(["guess = widgets.predict('How fast?', ['1x', '2x'])",
+                      "peak = memory.predict(config)", "# a comment", ""]
+                     + [f"x{i} = {i}" for i in range(18)])
+    return _notebook(folder / "01_tiny.ipynb", " ".join(["word"] * 400) + "\n![a figure](f.svg)",
+                     code)
+
+
+def _with_outputs(path):
+    """The notebook at `path` as a run leaves it: a progress bar, a printed table, an HTML table,
+    a plotly figure, a live widget's placeholder."""
+    nb = json.loads(path.read_text())
+    nb["cells"][1]["outputs"] = [
+        {"output_type": "stream", "name": "stderr",
+         "text": ["train:  10% one two\rtrain: 100% one two\n"]},           # 4 words shown
+        {"output_type": "stream", "name": "stdout", "text": ["step loss\n", "1 2.97\n"]},  # 4
+        {"output_type": "display_data", "metadata": {},
+         "data": {"text/html": ["<style>p {x: y}</style><table><tr><td>a</td><td>b</td>"
+                                "<td>&lt;c&gt;</td></tr></table>"],
+                  "text/plain": ["<Table of three words and more>"]}},    # 3, from the HTML
+        {"output_type": "display_data", "metadata": {},
+         "data": {"application/vnd.plotly.v1+json": {}, "text/html": ["<div>plot</div>"]}},
+        {"output_type": "display_data", "metadata": {},
+         "data": {"application/vnd.jupyter.widget-view+json": {"model_id": "x"},
+                  "text/plain": ["FigureWidget({...})"]}},
+        {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+         "data": {"text/plain": ["0.5"]}},                                  # 1
+    ]
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def test_the_clock_on_a_tiny_notebook(tmp_path):
+    """The written method, applied: every count the clock reads, and the minutes they give."""
+    chapter = _tiny_chapter(tmp_path)
+    work = docs.notebook_work(chapter)
+    assert _work_of_source(work) == (400 + 2, 20, 1, 1)  # "a figure": two words of alt text
+    assert docs.printed_output(_with_outputs(chapter)) == (4 + 4 + 3 + 1, 1)
+    run = {"notebook": "01_tiny", "seconds": 90.0, "printed_words": 400, "printed_figures": 1}
+    work = docs.chapter_work(chapter, run)
+    parts = work.parts()
+    assert parts["prose"] == pytest.approx(402 / docs.PROSE_WORDS_PER_MINUTE)
+    assert parts["printed output"] == pytest.approx(400 / docs.PRINTED_WORDS_PER_MINUTE)
+    assert parts["code"] == pytest.approx(20 / docs.CODE_LINES_PER_MINUTE)
+    assert parts["run"] == pytest.approx(1.5)
+    assert parts["predictions"] == docs.MINUTES_PER_PREDICTION
+    assert parts["figures"] == 2 * docs.MINUTES_PER_FIGURE  # the markdown's and the run's
+    # 2.01 + 2 + 2 + 1.5 + 2 + 1 = 10.51 minutes, stated as 10
+    assert work.exact_minutes() == pytest.approx(11.3647, abs=1e-3)
+    assert work.minutes() == 10
+    assert docs.chapter_work(chapter, {**run, "seconds": 240.0}).minutes() == 15  # 13.01
+    # A run of this very version, or one recorded before runs kept a digest, is not stale; a
+    # run of an earlier version is, and says so.
+    assert not work.stale
+    assert not docs.chapter_work(chapter, {**run, "source_digest": docs.source_digest(chapter)}).stale
+    assert docs.chapter_work(chapter, {**run, "source_digest": "an earlier one"}).stale
+
+
+def test_a_notebooks_digest_ignores_what_a_run_and_docs_add(tmp_path):
+    chapter = _tiny_chapter(tmp_path)
+    nb = json.loads(chapter.read_text())
+    header = nb["cells"][0]["source"][0]
+    nb["cells"][0]["source"] = [header + "\n" + docs._block("chapter-time", "*about 5 min*")]
+    chapter.write_text(json.dumps(nb))
+    digest = docs.source_digest(chapter)
+    # Executed: the parameters papermill injects, outputs, the region's text rewritten by docs
+    nb["cells"][0]["source"] = [header + "\n" + docs._block("chapter-time", "*about 10 min*")]
+    nb["cells"].insert(1, {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]},
+                           "source": ["MODE = 'small'"], "outputs": [], "execution_count": 1})
+    chapter.write_text(json.dumps(_with_outputs_of(nb)))
+    assert docs.source_digest(chapter) == digest
+    nb["cells"][2]["source"] = ["x = 2"]  # an edit of the chapter
+    chapter.write_text(json.dumps(nb))
+    assert docs.source_digest(chapter) != digest
+
+
+def _with_outputs_of(nb):
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["hi\n"]}]
+    return nb
+
+
+def test_an_exercise_counts_what_the_learner_reads_and_what_they_write(tmp_path, monkeypatch):
+    exercises, solutions = tmp_path / "exercises", tmp_path / "solutions"
+    exercises.mkdir(), solutions.mkdir()
+    monkeypatch.setattr(docs, "SOLUTIONS", solutions)
+    solved = ("def f(x):\n    ### BEGIN SOLUTION\n    ### HINT: add one\n    return x + 1\n"
+              "    ### END SOLUTION\n\ndef g(x):\n    ### BEGIN SOLUTION\n    ### HINT: double\n"
+              "    return 2 * x\n    ### END SOLUTION")
+    _notebook(solutions / "01_ex.ipynb", "Why? " * 300, solved)
+    nb = json.loads((solutions / "01_ex.ipynb").read_text())
+    nb["cells"].append({"cell_type": "markdown", "metadata": {"tags": ["answer"]},
+                        "source": ["The model answer."]})
+    (solutions / "01_ex.ipynb").write_text(json.dumps(nb))
+    stubbed = ("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError('add one')\n\n"
+               "def g(x):\n    # YOUR CODE HERE\n    raise NotImplementedError('double')")
+    exercise = _notebook(exercises / "01_ex.ipynb", "Why? " * 300, stubbed)
+    work = docs.exercise_work(exercise)
+    assert (work.prose_words, work.code_lines, work.functions, work.open_questions) == (300, 4, 2, 1)
+    # 1.5 + 0.4 + 2 × 10 + 3 = 24.9 minutes, stated as 25
+    assert work.exact_minutes() == pytest.approx(25.2647, abs=1e-3) and work.minutes() == 25
+    assert work.optional is None  # no "Going further (optional)" section
+
+
+def _cell(kind, text, tags=()):
+    cell = {"cell_type": kind, "metadata": {"tags": list(tags)} if tags else {}, "source": [text]}
+    return cell | ({"outputs": [], "execution_count": None} if kind == "code" else {})
+
+
+def test_an_exercises_optional_section_is_timed_apart(tmp_path, monkeypatch):
+    """From its "Going further (optional)" heading to the next level-2 heading (the score), an
+    exercise's last section is counted by the same rates, but apart: not in its minutes."""
+    exercises, solutions = tmp_path / "exercises", tmp_path / "solutions"
+    exercises.mkdir(), solutions.mkdir()
+    monkeypatch.setattr(docs, "SOLUTIONS", solutions)
+
+    def notebook(task, optional_task):
+        cells = [_cell("markdown", "## 1. A task\n\n" + "Why? " * 200), _cell("code", task),
+                 _cell("markdown", "## Open question\n\nWhy?"),
+                 _cell("markdown", "A model answer.", ["answer"]),
+                 _cell("markdown", docs.OPTIONAL_SECTION + "\n\n" + "More? " * 400),
+                 _cell("markdown", "### A heading inside the section"),
+                 _cell("code", optional_task + "\nprint(g(1))"),
+                 _cell("markdown", "A model answer.", ["answer"]),
+                 _cell("markdown", "## Your score"), _cell("code", "checks.summary()")]
+        return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+    solved = ("def f(x):\n    ### BEGIN SOLUTION\n    ### HINT: add one\n    return x + 1\n"
+              "    ### END SOLUTION")
+    stub = "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError('add one')"
+    (solutions / "01_ex.ipynb").write_text(json.dumps(notebook(solved, solved.replace("f(", "g("))))
+    exercise = exercises / "01_ex.ipynb"
+    exercise.write_text(json.dumps(notebook(stub, stub.replace("f(", "g("))))
+    work = docs.exercise_work(exercise)
+    # the exercise: 3 + 200 + 3 + 3 + 2 words (the score's heading ends the optional section), 2 + 1
+    # code lines, one function, one open question: 211/170 + 3/8 + 10 + 3 = 14.616 min, stated as 15
+    assert (work.prose_words, work.code_lines, work.functions, work.open_questions) == (211, 3, 1, 1)
+    assert work.exact_minutes() == pytest.approx(14.6162, abs=1e-3) and work.minutes() == 15
+    # the optional section: 3 + 400 + 5 + 3 words, 2 + 1 code lines (the stub and the print), one
+    # function, one open question: 411/170 + 3/8 + 10 + 3 = 15.793 min, stated as 15
+    extra = work.optional
+    assert (extra.prose_words, extra.code_lines, extra.functions, extra.open_questions) == (411, 3, 1, 1)
+    assert extra.exact_minutes() == pytest.approx(15.7926, abs=1e-3) and extra.minutes() == 15
+    assert extra.optional is None
+
+
+def test_the_tables_state_an_exercises_optional_section_apart(monkeypatch):
+    extra = docs.Work(prose_words=340, functions=1)  # 340/170 + 10 = 12 minutes, stated as 10
+    real = docs.exercise_work
+
+    def with_extra(exercise):
+        work = real(exercise)
+        return replace(work, optional=extra) if exercise.stem.startswith("02_") else work
+
+    monkeypatch.setattr(docs, "exercise_work", with_extra)
+    table = docs.chapter_times()
+    row = next(line for line in table.splitlines() if "[02_grouped_linear]" in line)
+    assert f"{real(docs.exercise_of(docs.NOTEBOOKS / '02_grouped_linear.ipynb')).minutes()} min " \
+           "(+ 10 min optional) |" in row
+    counted = [docs.exercise_of(n) for n in docs.chapter_notebooks()
+               if n.stem not in docs.OPTIONAL_NOTEBOOKS]
+    works = [with_extra(e) for e in counted if e is not None]
+    total = next(line for line in table.splitlines() if line.startswith("| **in all**"))
+    assert (f"**{docs._hours(sum(w.minutes() for w in works))}** (+ "
+            f"{docs._hours(sum(w.optional.minutes() for w in works if w.optional))} optional) |"
+            in total)
+    assert "*Going further (optional)*, is timed apart" in table
+    clock = docs.clock_table()
+    assert "| 02_permute_and_grouped_gemm, going further (optional) | 340 | 0 | 1 | 0 | 0 | 0 | " \
+           "12.0 → **10** |" in clock
+
+
+def test_the_chapter_table_states_chapters_and_exercises_apart_with_totals():
     run = docs._load(docs.COURSE_RUN)
     table = docs.chapter_times()
-    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
+    runs = {r["notebook"]: r for r in run["runs"]}
+    counted = [n for n in docs.chapter_notebooks() if n.stem not in docs.OPTIONAL_NOTEBOOKS]
+    chapters = exercises = extras = 0
     for notebook in docs.chapter_notebooks():
         row = next(line for line in table.splitlines() if f"[{notebook.stem}]" in line)
         assert docs.CHAPTER_LESSONS[notebook.stem] in row
-        ran = (docs._duration(seconds[notebook.stem]) if notebook.stem in seconds
-               else "not measured yet")
-        assert row.endswith(f"| {docs.reading_minutes(notebook)} min | {ran} |")
-    counted = [n for n in docs.chapter_notebooks() if n.stem not in docs.OPTIONAL_NOTEBOOKS]
-    total = sum(seconds[n.stem] for n in counted)
-    assert f"| **{docs._duration(total)}** |" in table
-    reading = sum(docs.reading_minutes(n) for n in counted)
-    assert f"| **{docs._hours(reading)}** |" in table
+        work = docs.chapter_work(notebook, runs.get(notebook.stem))
+        assert f"| {work.minutes()} min" in row
+        exercise = docs.exercise_of(notebook)
+        if exercise is not None:
+            done = docs.exercise_work(exercise)
+            optional = f" (+ {done.optional.minutes()} min optional)" if done.optional else ""
+            assert f"[{exercise.stem}](exercises/{exercise.name}): " \
+                   f"{done.minutes()} min{optional} |" in row
+        if notebook in counted and exercise is not None:
+            done = docs.exercise_work(exercise)
+            exercises += done.minutes()
+            extras += done.optional.minutes() if done.optional else 0
+        if notebook in counted:
+            chapters += work.minutes()
+    total = sum(runs[n.stem]["seconds"] for n in counted)
+    optional = f" (+ {docs._hours(extras)} optional)" if extras else ""
+    assert (f"| **{docs._hours(chapters)}** | **{docs._hours(exercises)}**{optional} | "
+            f"**{docs._duration(total)}** |") in table
     assert run["environment"]["torch"] in table
 
 
 def test_an_optional_deep_dive_is_listed_after_the_total_and_not_counted(tmp_path, monkeypatch):
     for notebook in docs.chapter_notebooks():
         shutil.copy(notebook, tmp_path / notebook.name)
+    monkeypatch.setattr(docs, "NOTEBOOKS", tmp_path)
     before = docs.chapter_times()
     deep_dive = next(iter(docs.OPTIONAL_NOTEBOOKS))
     _notebook(tmp_path / f"{deep_dive}.ipynb", " ".join(["word"] * 3000), "x = 1")
-    monkeypatch.setattr(docs, "NOTEBOOKS", tmp_path)
     after = docs.chapter_times().splitlines()
     total = next(i for i, line in enumerate(after) if line.startswith("| **in all**"))
     assert after[total] in before.splitlines()  # the same totals
     assert after[total + 1].startswith(f"| [{deep_dive}](notebooks/{deep_dive}.ipynb) | Optional")
-    seconds = {r["notebook"]: r["seconds"] for r in docs._load(docs.COURSE_RUN)["runs"]}
-    ran = docs._duration(seconds[deep_dive]) if deep_dive in seconds else "not measured yet"
-    assert after[total + 1].endswith(f"| 20 min | {ran} |")
+    work = docs.chapter_work(tmp_path / f"{deep_dive}.ipynb", docs._runs().get(deep_dive))
+    assert work.minutes() >= 15 and f"| {work.minutes()} min" in after[total + 1]
+
+
+def test_the_check_fails_when_a_chapter_or_an_exercise_changes_without_docs(copy_root, tmp_path,
+                                                                            monkeypatch, capsys):
+    chapters, exercises = tmp_path / "chapters", tmp_path / "exercises"
+    committed = docs.NOTEBOOKS / "01_naive_moe.ipynb"
+    shutil.copytree(docs.NOTEBOOKS, chapters)
+    shutil.copytree(docs.EXERCISES, exercises)
+    monkeypatch.setattr(docs, "NOTEBOOKS", chapters)
+    monkeypatch.setattr(docs, "EXERCISES", exercises)
+    assert main(["--check", "--root", str(copy_root)]) == 0, capsys.readouterr().err
+    _notebook(chapters / "01_naive_moe.ipynb", " ".join(["word"] * 6000), "x = 1")
+    assert main(["--check", "--root", str(copy_root)]) == 1
+    err = capsys.readouterr().err
+    assert "README.md: region 'chapter-times' differs" in err
+    assert "docs/course.md: region 'clock' differs" in err
+    shutil.copy(committed, chapters / "01_naive_moe.ipynb")
+    first = sorted(exercises.glob("01_*.ipynb"))[0]
+    _notebook(first, " ".join(["word"] * 6000), "x = 1")
+    assert main(["--check", "--root", str(copy_root)]) == 1
+    assert "region 'chapter-times' differs" in capsys.readouterr().err
 
 
 def _executed(folder, name, mode="small", duration=12.3, exception=None):
-    path = _notebook(folder / f"{name}.ipynb", "text", "x = 1")
+    path = _with_outputs(_notebook(folder / f"{name}.ipynb", "text", "x = 1"))
     nb = json.loads(path.read_text())
     nb["metadata"]["papermill"] = {"duration": duration, "exception": exception,
                                    "parameters": {"MODE": mode, "LIVE": False},
@@ -227,6 +441,9 @@ def test_record_run_writes_each_notebooks_time_with_the_machine(tmp_path, result
     record = json.loads(out.read_text())
     assert [(r["notebook"], r["seconds"]) for r in record["runs"]] == [("00_setup", 12.3),
                                                                      ("01_naive_moe", 60.0)]
+    # What each notebook printed, for the clock (`_with_outputs`: 12 words, one figure)
+    assert {(r["printed_words"], r["printed_figures"]) for r in record["runs"]} == {(12, 1)}
+    assert record["runs"][0]["source_digest"] == docs.source_digest(run / "00_setup.ipynb")
     assert record["mode"] == "small" and record["total_s"] == 72.3
     for key in ("torch", "python", "cpu_count", "cpu_model", "date"):
         assert key in record["environment"]
@@ -283,12 +500,12 @@ def test_the_readme_fits_in_12_kb():
     assert len((docs.ROOT / "README.md").read_bytes()) <= 12 * 1024
 
 
-def test_the_readmes_first_40_lines_say_what_a_newcomer_needs():
-    first = "\n".join((docs.ROOT / "README.md").read_text().splitlines()[:40])
+def test_the_readmes_first_45_lines_say_what_a_newcomer_needs():
+    first = "\n".join((docs.ROOT / "README.md").read_text().splitlines()[:45])
     for needed in ("make lab", "00_setup", "make course", "make test",  # how to start
                    "Know first", "**For**",  # for whom, and what to know first
                    "| CPU |", "| Hopper", "| Blackwell",  # what each kind of hardware gets
-                   "reading", "**in all**"):  # how long it takes
+                   "chapter time", "its exercise", "**in all**"):  # how long it takes
         assert needed in first, needed
     for notebook in docs.chapter_notebooks():  # what each chapter teaches, and its times
         if notebook.stem not in docs.OPTIONAL_NOTEBOOKS:  # those come after the total
@@ -357,16 +574,19 @@ def test_a_chapter_header_gets_its_reading_and_run_time_and_the_check_sees_drift
     filled = chapter.read_text(encoding="utf-8")
     header = docs._header(filled)
     run = docs._load(docs.COURSE_RUN)
-    seconds = {r["notebook"]: r["seconds"] for r in run["runs"]}
-    assert (f"Reading: about {docs.reading_minutes(chapter)} min · run ({run['mode']} mode, "
-            f"{run['environment']['cpu_count']} CPU cores): "
-            f"{docs._duration(seconds['01_naive_moe'])}") in header
+    entry = docs._runs()["01_naive_moe"]
+    work = docs.chapter_work(chapter, entry)
+    exercise = docs.exercise_of(chapter)
+    assert (f"Time: about {work.minutes()} min to read, run and predict; its exercise, "
+            f"`{exercise.stem}`, about {docs.exercise_work(exercise).minutes()} min") in header
+    assert (f"run ({run['mode']} mode, {run['environment']['cpu_count']} CPU cores): "
+            f"{docs._duration(entry['seconds'])}") in header
     # Only the region's lines changed; the rest of the file keeps its layout byte for byte.
     added = [line for line in filled.splitlines() if line not in empty.splitlines()]
-    assert len(added) == 1 and "Reading: about" in added[0]
-    assert docs.reading_minutes(chapter) == docs.reading_minutes(docs.ROOT / "notebooks" /
-                                                                 chapter.name)
-    chapter.write_text(filled.replace("Reading: about", "Reading: roughly"), encoding="utf-8")
+    assert len(added) == 1 and "Time: about" in added[0]
+    # The region's own words do not count: the time it states does not move the time it states
+    assert docs.notebook_work(chapter) == docs.notebook_work(docs.ROOT / "notebooks" / chapter.name)
+    chapter.write_text(filled.replace("Time: about", "Time: roughly"), encoding="utf-8")
     assert main(["--check", "--root", str(notebooks_root)]) == 1
     # The other chapters have no region: left as they are.
     for other in (notebooks_root / "notebooks").glob("0[2-8]_*.ipynb"):

@@ -140,6 +140,11 @@ def test_all_to_all_counts_are_the_dispatchers():
         assert recv.tolist() == fig.recv_counts(rank)
         arrived = [e % fig.PER_RANK for src in range(fig.RANKS) for _, e in fig.sent(src, rank)]
         assert distributed.received_experts(recv).tolist() == arrived
+        # step 3: the arrivals regrouped by local expert, in regroup_by_expert's order
+        rows = [c for src in range(fig.RANKS) for c in fig.sent(src, rank)]
+        regroup = distributed.regroup_by_expert(recv)
+        assert [rows[int(i)] for i in regroup.token_index] == sum(fig.regrouped(rank), [])
+        assert regroup.tokens_per_expert.tolist() == [len(g) for g in fig.regrouped(rank)]
 
 
 def test_moe_families_are_the_packages():

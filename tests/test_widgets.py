@@ -428,7 +428,7 @@ def test_every_live_panel_has_a_y_axis_title():
     _fill(dash)
     fig = dash.figure()
     titles = [fig.layout[f"yaxis{'' if i == 1 else i}"].title.text for i in range(1, 5)]
-    assert titles == ["tokens/s", "× naive", "GB", "loss"]
+    assert titles == ["tokens/s", "× naive", "GiB", "loss"]
     widget = dash._empty_figure(go.FigureWidget)  # the live figure is laid out the same way
     assert widget.layout.yaxis.title.text == "tokens/s" and widget.layout.yaxis2.title.text == "× naive"
 

@@ -4,6 +4,8 @@ returns the numbers it showed."""
 
 from __future__ import annotations
 
+import re
+
 from ..moe import families
 from . import widgets
 
@@ -13,6 +15,17 @@ def count_text(n: float) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
 
 
+def layout_text(layout: str | None) -> str:
+    """A recommended layout as the chapters name it: `analyze` calls the engine without FSDP
+    "replicated" ("replicated dp1×ep8"), but at ep > 1 the experts are split, not replicated, so
+    it reads "dp1×ep8, no FSDP" (every GPU keeps whole copies of what it holds); "fsdp2 dp4×ep2"
+    reads "dp4×ep2, FSDP2". None (no layout fits) stays "None"."""
+    found = re.fullmatch(r"(replicated|fsdp2) (dp\d+×ep\d+)", layout or "")
+    if not found:
+        return str(layout)
+    return f"{found[2]}, {'FSDP2' if found[1] == 'fsdp2' else 'no FSDP'}"
+
+
 def show_recommendation(report: dict) -> dict:
     """A report's four recommended items (backend, recipe, alignment, layout) per machine, side by
     side. On a CPU the machines are the GPU architectures the course describes; on a GPU, that
@@ -20,7 +33,8 @@ def show_recommendation(report: dict) -> dict:
     machines = report["recommendation"]["machines"]
     items = [item["item"] for item in next(iter(machines.values()))]
     widgets.show_table(widgets.Table(
-        ["", *machines], [[item, *(str(machines[m][i]["choice"]) for m in machines)] for i, item in enumerate(items)],
+        ["", *machines], [[item, *((layout_text if item == "layout" else str)(machines[m][i]["choice"]) for m in machines)]
+                          for i, item in enumerate(items)],
         title=f"{report['model']['name']}: recommended at {report['recommendation']['judged_at']}"))
     return {m: {item["item"]: item["choice"] for item in chosen} for m, chosen in machines.items()}
 
@@ -44,9 +58,10 @@ def _at_tokens(rows: list[dict], tokens: int) -> dict:
 def show_shipped(shipped: dict, pad_tokens: int, pad_align: int) -> dict:
     """The shipped configs' reports side by side: shape, router, shared expert, parameters, rows
     per expert and the padding share at `pad_tokens` per GPU and alignment `pad_align` (balanced
-    routing), and how many layouts fit. What a report leaves out goes in the note. Returns
-    {name: padding share}."""
-    padding, rows, notes = {}, [], []
+    routing), and how many layouts fit. The note names the configs of which only the MoE block
+    is analysed (`analyze.format_report` says why, field by field). Returns {name: padding
+    share}."""
+    padding, rows, blocks = {}, [], []
     for name, r in shipped.items():
         c, p = r["model"]["config"], r["parameters"]
         gemm = _at_tokens(r["expert_gemms"], pad_tokens)
@@ -58,29 +73,16 @@ def show_shipped(shipped: dict, pad_tokens: int, pad_align: int) -> dict:
                      count_text(p["active_per_token"]) if whole else f"experts: {count_text(p['experts_active_per_token'])}",
                      f"{gemm['rows_per_expert']:g}", f"{padding[name]:.0%}",
                      f"{sum(row['fits'] for row in r['memory']['rows'])} of {len(r['memory']['rows'])}"])
-        notes += [f"{name}: {line}" for line in r["scope"]["out_of_scope"] + r["scope"]["notes"]]
+        blocks += [] if whole else [name]
     settings = next(iter(shipped.values()))["settings"]
     widgets.show_table(widgets.Table(
         ["config", "MoE layers", "hidden", "experts × width", "router", "shared expert", "parameters", "active per token",
          f"rows per expert at {pad_tokens:,} tokens", f"padding at align {pad_align}",
          f"layouts of {settings['gpus']} GPUs that fit"], rows,
-        title="Published MoEs, analysed from the configs shipped in moe_tutorial/configs (no weights)",
-        note=f"rows per expert and padding: balanced routing, {pad_tokens:,} tokens per GPU; memory: {settings['batch']} × "
-             f"{settings['seq_len']} tokens per GPU, {settings['gpu_gib']:g} GiB GPUs, bf16. " + " ".join(notes)))
+        title="Published MoEs, analysed from their config.json alone (moe_tutorial/configs)",
+        note=f"balanced routing; memory at {settings['batch']} × {settings['seq_len']} tokens per GPU, bf16"
+             + "".join(f"; {name}: its routed experts only" for name in blocks)))
     return padding
-
-
-def show_shipped_recommendations(shipped: dict) -> None:
-    """What `analyze` recommends for each shipped config, per machine, with the layout's reason."""
-    rows = []
-    for name, r in shipped.items():
-        for machine, chosen in r["recommendation"]["machines"].items():
-            layout = next(item["reason"] for item in chosen if item["item"] == "layout")
-            rows.append([name, machine, *(str(item["choice"]) for item in chosen), layout])
-    items = [item["item"] for item in next(iter(next(iter(shipped.values()))["recommendation"]["machines"].values()))]
-    widgets.show_table(widgets.Table(
-        ["config", "machine", *items, "why this layout"], rows,
-        title=f"The recommendation for each shipped config ({next(iter(shipped.values()))['recommendation']['judged_at']})"))
 
 
 def show_families() -> None:

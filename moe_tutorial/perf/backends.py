@@ -1,6 +1,6 @@
 """The expert backends side by side, as notebook 05 shows them: each one's output and gradients
-against the naive loop, which path ran (TE or its pure-PyTorch counterpart), and their timings
-beside the course's committed H200 run of the same shapes.
+against the naive loop, which path ran (TE or its pure-PyTorch counterpart), and their timings,
+one row per variant and one column per shape.
 
 The measurements are the package's own (`experts.convert_experts`, `bench.bench_expert_layer`);
 this module runs one forward and backward pass per backend and draws the tables."""
@@ -12,7 +12,7 @@ import contextlib
 from ..moe import dispatch, experts
 from ..precision import hardware
 from ..precision.quant import rel_error
-from . import results, widgets
+from . import widgets
 
 QUANTITIES = ("out", "d_hidden", "d_weights", "d_gate_up", "d_down")
 QUANTITY_HEADERS = ("output", "d hidden", "d routing weights", "d gate_up_proj", "d down_proj")
@@ -76,45 +76,29 @@ def agreement_table(checked: dict[str, dict], errors: dict[str, dict[str, float]
 
 
 def variant_label(row: dict) -> str:
-    return f"{row['backend']} {row['precision']}"
+    """A timed row's backend and precision, and "(CUTLASS)" where it ran TE's CUTLASS grouped
+    GEMM (`bench.expert_variants`' `cutlass` option): two rows of one backend and precision
+    keep two labels."""
+    return f"{row['backend']} {row['precision']}" + (" (CUTLASS)" if row.get("cutlass") else "")
 
 
 def timing_table(timings: dict[str, list[dict]], *, title: str) -> widgets.Table:
-    """`bench.bench_expert_layer`'s rows of each shape: time, TFLOP/s, speedup against the loop,
-    error against the loop and what ran (or why a variant did not)."""
-    rows = []
+    """`bench.bench_expert_layer`'s rows of each shape, one row per variant and one column per
+    shape: the median time and the speedup against the loop, or why the variant did not run
+    (its status; the rows keep the error)."""
+    cells: dict[str, dict[str, str]] = {}
     for shape, results_ in timings.items():
         for r in results_:
-            if r.get("status") == "ok":
-                rows.append([shape, variant_label(r), f"{r['median_ms']:.2f}", f"{r['tflops']:.3g}",
-                             f"{r.get('speedup_vs_loop', float('nan')):.2f}x",
-                             f"{r['rel_error']:.1e}", r["path"]])
+            if r.get("status") != "ok":
+                text = str(r.get("status", "?")).upper()
+            elif r.get("speedup_vs_loop") is not None:
+                text = f"{r['median_ms']:.2f} ({r['speedup_vs_loop']:.2f}x)"
             else:
-                rows.append([shape, variant_label(r), r.get("status", "?").upper(), "", "", "",
-                             (r.get("error") or str(r.get("rel_error", "")))[:160]])
-    return widgets.Table(["shape", "variant", "ms", "TFLOP/s", "vs loop", "rel. error",
-                          "what ran"], rows, title=title)
-
-
-def committed_h200_table(shapes) -> widgets.Table | None:
-    """The course's committed one-H200 timings (benchmarks/results/h200.json) of the expert layer
-    for the shapes of `shapes`, balanced routing; None where the file or the shapes are
-    missing."""
-    found = results.find(results.H200)
-    if found is None:
-        return None
-    report = results.read(found)
-    env = report["environment"]
-    rows = [[r["shape"], variant_label(r), f"{r['median_ms']:.2f}",
-             f"{r.get('speedup_vs_loop', float('nan')):.2f}x"]
-            for r in report["results"] if r["part"] == "expert" and r["routing"] == "balanced"
-            and r["shape"] in shapes and r.get("status") == "ok"]
-    if not rows:
-        return None
-    return widgets.Table(["shape", "variant", "ms", "vs loop"], rows,
-                         title=f"measured by the course on one {env['gpu']}, {env['date']} "
-                               f"(torch {env['torch']}, TE {env['transformer_engine']}; "
-                               f"{results.H200})")
+                text = f"{r['median_ms']:.2f}"
+            cells.setdefault(variant_label(r), {})[shape] = text
+    return widgets.Table(["variant", *(f"{shape}: ms (vs loop)" for shape in timings)],
+                         [[label, *(by_shape.get(shape, "") for shape in timings)]
+                          for label, by_shape in cells.items()], title=title)
 
 
 def timing_figure(timings: dict[str, list[dict]], *, title: str):

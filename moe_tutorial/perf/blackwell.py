@@ -318,12 +318,14 @@ def routing_splits(shape, indices, align: int) -> torch.Tensor:
 
 
 def fusion_table(cases: list[list]):
-    mixtral = bench.EXPERT_SHAPES["mixtral"]
-    return widgets.Table(["case", "recipe", "TE runs", "silent fall back because",
-                          "raises because"], cases,
-                         title=f"experts.why_unfused and experts.why_fused_raises (row counts: "
-                               f"one balanced Mixtral step, {mixtral.tokens:,} tokens × "
-                               f"top-{mixtral.top_k}, {mixtral.experts} experts)")
+    """`fusion_cases`' rows as notebook 05 shows them: each case (a B200 unless it names another
+    machine) and what TE runs — fused, unfused (silently), or fused then raising. The reasons
+    stay in the rows (`experts.why_unfused`, `experts.why_fused_raises`)."""
+    b200 = "B200 (hypothetical): "
+    return widgets.Table(["case (on a B200 unless named)", "TE runs"],
+                         [[case.removeprefix(b200), runs] for case, _, runs, *_ in cases],
+                         title="experts.why_unfused and why_fused_raises at Mixtral's expert layer "
+                               "(hypothetical machines: nothing runs there)")
 
 
 def dry_run_table(report: dict):

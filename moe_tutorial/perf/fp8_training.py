@@ -27,10 +27,17 @@ def recipe_choices(caps: hardware.Capabilities) -> dict[tuple[str, str], recipes
 
 
 def recipe_table(choices: dict[tuple[str, str], recipes.Precision]) -> widgets.Table:
-    return widgets.Table(
-        ["machine", "preference", "recipe", "native", "rows per expert aligned to", "why"],
-        [[m, p, c.name, "yes" if c.native else "no (emulated)", c.align, c.reason]
-         for (m, p), c in choices.items()], title="recipes.recipe_for")
+    """One row per machine: the recipe under each preference and the rows per expert it aligns
+    to ("(emulated)" where no TE recipe runs: MXFP8 numerics in PyTorch only)."""
+    machines = list(dict.fromkeys(m for m, _ in choices))
+    rows = []
+    for m in machines:
+        picked = [choices[(m, p)] for p in recipes.PREFERENCES]
+        aligns = list(dict.fromkeys(str(c.align) for c in picked))
+        rows.append([m, *[c.name + ("" if c.native else " (emulated)") for c in picked],
+                     " / ".join(aligns)])
+    return widgets.Table(["machine", *[p.replace("_", " ") for p in recipes.PREFERENCES],
+                          "rows per expert aligned to"], rows, title="recipes.recipe_for")
 
 
 def padding_shares(shapes, aligns, *, seed: int = 0) -> dict[tuple[str, str], dict[int, float]]:
@@ -102,9 +109,41 @@ def training_table(rows: list[dict], *, title: str) -> widgets.Table:
                     f"{base['ms_per_step'] / r['ms_per_step']:.2f}x" if base else "",
                     "" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.2f}",
                     f"{r['losses'][0]:.3f} → {tail_loss(r):.3f}",
-                    f"{tail_loss(r) - tail_loss(base):+.4f}" if base else "", r.get("path", "")])
+                    f"{tail_loss(r) - tail_loss(base):+.4f}" if base else "",
+                    (r.get("path") or "").split(":")[0]])  # what ran, without the why
     return widgets.Table(["recipe", "ms/step", "tokens/s", "speed vs bf16", "peak GiB",
                           "loss: first → last 10", "Δ vs bf16", "what ran"], out, title=title)
+
+
+def summary(rows: list[dict], model: str, *, losses_judged: bool = True) -> list[dict]:
+    """Training rows as plain values for a chapter's closing table: variant, model, status,
+    ms per step and the mean of the last losses (None where the row did not train, or where
+    `losses_judged` is False: a timing run too short to learn)."""
+    return [dict(variant=r["variant"], model=model, status=r["status"],
+                 ms_per_step=r.get("ms_per_step") if r["status"] == "ok" else None,
+                 loss=tail_loss(r) if r["status"] == "ok" and losses_judged else None)
+            for r in rows]
+
+
+def speed_summary(summaries: list[dict]) -> dict[str, str]:
+    """One line per model of `summary` rows: bf16's step time, each FP8 recipe's speed against it
+    (same run) and, where the losses are judged, the gap of its last losses to bf16's."""
+    lines = {}
+    for model in dict.fromkeys(r["model"] for r in summaries):
+        rows = [r for r in summaries if r["model"] == model]
+        base = next((r for r in rows if r["variant"] == "bf16" and r["status"] == "ok"), None)
+        parts = []
+        for r in rows:
+            if r["variant"] == "bf16":
+                continue
+            if r["status"] != "ok" or base is None:
+                parts.append(f"{r['variant']} {r['status']}")
+                continue
+            loss = "" if r["loss"] is None or base["loss"] is None else f", loss {r['loss'] - base['loss']:+.3f}"
+            parts.append(f"{r['variant']} {base['ms_per_step'] / r['ms_per_step']:.2f}x{loss}")
+        head = f"bf16 {base['ms_per_step']:.1f} ms/step" if base else "bf16 did not run"
+        lines[model] = "; ".join([head, " · ".join(parts)] if parts else [head])
+    return lines
 
 
 def loss_figure(rows: list[dict], *, title: str = "loss per recipe"):

@@ -28,9 +28,9 @@ def show_training_state(config, name: str, gpus=(1, 2, 4, 8)) -> dict:
     """A table of what one GPU holds of `config` (parameters and training state: weights,
     gradients, AdamW's two moments) under replicated data parallelism, FSDP2 and expert
     parallelism over each count of `gpus`. Returns {(kind, gpus): training-state bytes}."""
-    layouts = {"dp": ("replicated", lambda g: (g, 1, "replicated")),
-               "fsdp": ("FSDP2, sharded", lambda g: (g, 1, "fsdp2")),
-               "ep": ("experts sharded", lambda g: (1, g, "replicated"))}
+    layouts = {"dp": ("nothing", lambda g: (g, 1, "replicated")),
+               "fsdp": ("everything (FSDP2)", lambda g: (g, 1, "fsdp2")),
+               "ep": ("the experts", lambda g: (1, g, "replicated"))}
     rows, state = [], {}
     for n in gpus:
         for kind, (what, layout) in layouts.items():
@@ -44,9 +44,9 @@ def show_training_state(config, name: str, gpus=(1, 2, 4, 8)) -> dict:
                          f"{held['expert'] / 1e9:.2f}", f"{held['dense'] / 1e9:.2f}",
                          f"{_gib(state[kind, n]):,.0f}", f"{_gib(fp32):,.0f}"])
     widgets.show_table(widgets.Table(
-        ["GPUs", "layout", "what is split", "expert params per GPU (B)", "dense params per GPU (B)",
-         "training state, 8 B/param (GiB)", "training state, 16 B/param (GiB)"],
-        rows, title=f"{name}: what one GPU holds (computed by memory.training_state; activations come on top)"))
+        ["GPUs", "layout", "what is split", "expert params (B)", "dense params (B)", "state, 8 B/param (GiB)",
+         "state, 16 B/param (GiB)"],
+        rows, title=f"{name}: what one GPU holds (memory.training_state; activations on top)"))
     return state
 
 
@@ -111,7 +111,7 @@ def where_to_launch(mode: str, device: str, nproc: int, timeout: float) -> Launc
     if mode == "full":
         skipped = (f"{gpus} CUDA GPU here and {nproc} processes need {nproc} (NCCL ranks cannot share a GPU)"
                    if 0 < gpus < nproc else f"DEVICE is {device!r}" if gpus else "no CUDA GPU here")
-    where = f"gloo on {nproc} CPU cores, one thread per process" + (" (CUDA hidden from them)" if gpus else "")
+    where = f"gloo on {nproc} CPU cores" + (" (CUDA hidden from them)" if gpus else "")
     return Launches(nproc, False, where, skipped, timeout)
 
 
@@ -129,24 +129,22 @@ def correctness_layouts(nproc: int) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def check_against_one_process(launches: Launches, tolerance: float) -> float:
-    """Run the correctness launches (overlapping: they are checks, not timings) and show every
-    rank's worst relative error against the single process. Returns the worst of all."""
+    """Run the correctness launches (overlapping: they are checks, not timings) and show each
+    launch's worst relative error over its ranks against the single process, and which tensor
+    it was in. Returns the worst of all."""
     checks = correctness_layouts(launches.nproc)
-    start = time.perf_counter()
     with launches.environment(), ThreadPoolExecutor(len(checks)) as pool:
         done = list(pool.map(lambda a: launch(launches.nproc, "--mode", "check", *a, timeout=launches.timeout,
                                               echo=False), [args for _, args in checks]))
     rows, worst = [], 0.0
     for (name, _), result in zip(checks, done):
-        for r in result["results"]:
-            worst = max(worst, r["max_rel_error"])
-            rows.append([name, r["rank"], str(r["starved_experts"] or "–"), f"{r['max_rel_error']:.1e}",
-                         r["worst"], r["path"]])
+        top = max(result["results"], key=lambda r: r["max_rel_error"])
+        worst = max(worst, top["max_rel_error"])
+        rows.append([name, f"{top['max_rel_error']:.1e}", top["worst"]])
     widgets.show_table(widgets.Table(
-        ["layout", "rank", "starved experts", "max relative error", "worst tensor", "what ran (layer 0 experts)"],
-        rows, title=f"distributed vs single process: logits and every gradient (tiny preset, fp32, {launches.where})",
-        note=f"relative error = ‖distributed − single‖ / ‖single‖ per tensor; allowed {tolerance:g}; "
-             f"{len(checks)} launches in {time.perf_counter() - start:.0f} s"))
+        ["layout", "max relative error", "in tensor"], rows,
+        title=f"{launches.nproc} processes vs 1: logits and every gradient (tiny preset, fp32, {launches.where})",
+        note=f"‖distributed − single‖ / ‖single‖ per tensor, worst rank; allowed {tolerance:g}"))
     return worst
 
 
@@ -174,25 +172,25 @@ def show_communication(models: dict, nproc: int, unit: str = "GPU") -> dict:
                          f"{c['expert_allreduce_bytes'] / GB:.4g}", f"{out[model_name, name]['sent'] / GB:.4g}",
                          f"{_gib(state):.3g}"])
     widgets.show_table(widgets.Table(
-        ["model", "tokens per rank", "layout", "all-to-all (GB)", "… crossing ranks (GB)", "dense all-reduce (GB)",
-         "expert all-reduce (GB)", "sent per rank (GB)", "training state per rank (GiB)"],
-        rows, title="per training step and rank (computed: distributed.communication_per_step, memory.training_state)",
-        note="sent per rank = the all-to-all part that crosses ranks (balanced routing) + what a ring all-reduce sends"))
+        ["model", "tokens per rank", "layout", "all-to-all (GB)", "… crossing (GB)", "dense all-reduce (GB)",
+         "expert all-reduce (GB)", "sent (GB)", "state (GiB)"],
+        rows, title="per step and rank (computed)",
+        note="sent: the crossing all-to-all (balanced routing) + a ring all-reduce"))
     return out
 
 
 def bench_layouts(launches: Launches, preset: str, *, batch: int, seq_len: int, iters: int, warmup: int,
                   precisions, backend: str) -> dict:
     """`train_dist --mode bench --engine replicated` for one process and both layouts, per
-    precision. Returns {(precision, layout name): {ranks, wall_s, dp, ep}}."""
+    precision, quietly (the table of `show_scaling` shows them). Returns {(precision, layout
+    name): {ranks, wall_s, dp, ep}}."""
     runs = {}
     for precision in precisions:
         for name, dp, ep in layout_names(launches.nproc, launches.unit):
             args = ["--mode", "bench", "--preset", preset, "--dp", str(dp), "--ep", str(ep), "--backend", backend,
                     "--engine", "replicated", "--batch", str(batch), "--seq-len", str(seq_len), "--iters", str(iters),
                     "--warmup", str(warmup)] + (["--precision", precision] if launches.gpus else [])
-            print(f"$ torchrun --nproc_per_node={dp * ep} -m moe_tutorial.perf.train_dist {' '.join(args)}", flush=True)
-            result = launches.run(dp * ep, *args)
+            result = launches.run(dp * ep, *args, echo=False)
             runs[precision, name] = dict(ranks=result["results"], wall_s=result["wall_s"], dp=dp, ep=ep)
     return runs
 
@@ -202,10 +200,11 @@ def slowest_rank(run: dict) -> dict:
     return min(run["ranks"], key=lambda r: r["tokens_per_s_per_gpu"])
 
 
-def show_scaling(runs: dict, comm: dict, launches: Launches, preset: str) -> dict:
+def show_scaling(runs: dict, launches: Launches, preset: str) -> dict:
     """The bench launches as a table: per layout, ms/step, tokens/s per process and its ratio to
     the one-process run of the same script and precision (1.0: every process adds a whole one),
-    memory and NCCL time. Returns {(precision, layout name): that ratio}."""
+    and on GPUs the measured peak memory and NCCL time. Returns {(precision, layout name): that
+    ratio}."""
     unit = launches.unit
     flop_unit, flop_scale = ("PFLOP/s", 1.0) if launches.gpus else ("GFLOP/s", 1e6)
     rows, scaling = [], {}
@@ -213,22 +212,22 @@ def show_scaling(runs: dict, comm: dict, launches: Launches, preset: str) -> dic
         r = slowest_rank(run)
         scaling[precision, name] = r["tokens_per_s_per_gpu"] / slowest_rank(runs[precision, f"1 {unit}"])[
             "tokens_per_s_per_gpu"]
-        nccl = [x["nccl_kernel_ms_per_step"] for x in run["ranks"] if x.get("nccl_kernel_ms_per_step")]
-        rows.append([name, precision, run["dp"] * run["ep"], f"{r['median_ms']:.1f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
-                     f"{scaling[precision, name]:.2f}", f"{r['pflops_per_gpu'] * flop_scale:.3g}",
-                     f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") else "–",
-                     f"{_gib(comm[preset, name]['state_bytes']):.3g}",
-                     f"{max(x['sendrecv'] + x['alltoall'] for x in nccl):.1f} / {max(x['allreduce'] for x in nccl):.1f}"
-                     if nccl else "–"])
+        row = [name, precision, f"{r['median_ms']:.1f}", f"{r['tokens_per_s_per_gpu']:,.0f}",
+               f"{scaling[precision, name]:.2f}", f"{r['pflops_per_gpu'] * flop_scale:.3g}"]
+        if launches.gpus:  # measured on GPUs only (torch.profiler's NCCL kernels, CUDA's peak)
+            nccl = [x["nccl_kernel_ms_per_step"] for x in run["ranks"] if x.get("nccl_kernel_ms_per_step")]
+            row += [f"{r['peak_memory_gb']:.1f}" if r.get("peak_memory_gb") else "–",
+                    f"{max(x['sendrecv'] + x['alltoall'] for x in nccl):.1f} / {max(x['allreduce'] for x in nccl):.1f}"
+                    if nccl else "–"]
+        rows.append(row)
     env = next(iter(runs.values()))["ranks"][0]["environment"]
     widgets.show_table(widgets.Table(
-        ["layout", "precision", "processes", "ms/step", f"tokens/s per {unit}", f"vs 1 {unit} (same script)",
-         f"{flop_unit} per {unit}", "peak GiB (measured)", "training state GiB (computed)",
-         "all-to-all / all-reduce ms"], rows,
-        title=f"this machine: {preset}, {launches.where}; slowest rank; torch {env['torch']}"
+        ["layout", "precision", "ms/step", f"tokens/s per {unit}", f"vs 1 {unit} (same script)",
+         f"{flop_unit} per {unit}"]
+        + (["peak GiB", "all-to-all / all-reduce ms"] if launches.gpus else []), rows,
+        title=f"measured here: {preset}, {launches.where}; slowest rank; torch {env['torch']}"
               + (f", TE {env['transformer_engine']}" if env.get("transformer_engine") else ""),
-        note="peak memory and NCCL kernel times (torch.profiler, waiting for the peer included) are measured on GPUs "
-             "only; the training state is computed (memory.training_state)"))
+        note="NCCL kernel times from torch.profiler, waiting for the peer included" if launches.gpus else ""))
     return scaling
 
 
@@ -256,27 +255,27 @@ def show_h200x2() -> dict:
          "NCCL all-to-all / all-reduce ms"], rows,
         title=f"measured by the course on {env['machine']}, {env['date']}; torch {env['torch']}, "
               f"TE {env['transformer_engine']} ({results.path(H200X2).name})",
-        note=doc["notes"]))
+        note="1 GPU: this script as one process"))
     return by
 
 
 def show_summary(launches: Launches, worst_error: float, scaling: dict, state: dict, comm: dict, losses: list,
                  h200: dict, preset: str, mode: str) -> None:
-    """Chapter 07's results in one table: where the processes ran, the correctness bound, the
-    scaling measured here, the computed memory and traffic, the training run and the quoted
+    """Chapter 07's results in one table: the correctness bound, the scaling measured here (where
+    the processes ran: the title), the computed memory and traffic, the training run and the quoted
     2 × H200 ratios."""
     n, unit = launches.nproc, launches.unit
-    rows = [["where the processes ran", launches.where],
-            ["correctness: max relative error vs 1 process", f"{worst_error:.1e}"]]
-    rows += [[f"{preset} {precision}, {name}: tokens/s per {unit} vs 1 {unit} (same script)", f"{ratio:.2f}"]
-             for (precision, name), ratio in scaling.items() if not name.startswith("1 ")]
-    rows += [
-        [f"mixtral-2l, 8,192 tokens per GPU: GB sent per GPU and step, dp1 × ep{n} / dp{n} × ep1 (computed)",
-         f"{comm['mixtral-2l', f'dp1 × ep{n}']['sent'] / GB:.2f} / {comm['mixtral-2l', f'dp{n} × ep1']['sent'] / GB:.2f}"],
-        ["Mixtral-8x7B on 8 GPUs: training state per GPU, dp8 / dp8 FSDP2 / ep8 (computed, GiB)",
-         f"{_gib(state['dp', 8]):,.0f} / {_gib(state['fsdp', 8]):,.0f} / {_gib(state['ep', 8]):,.0f}"],
-        ["expert-parallel training: loss, first → last step", f"{losses[0]:.3f} → {losses[-1]:.3f}"],
-        ["2 × H200 (quoted, h200x2.json): vs 1 process, dp1 × ep2 / dp2 × ep1, bf16 · FP8",
-         " · ".join(f"{h200[p, 'dp1 × ep2']['scaling_efficiency_vs_1_gpu']:.2f} / "
-                    f"{h200[p, 'dp2 × ep1']['scaling_efficiency_vs_1_gpu']:.2f}" for p in ("bf16", "fp8"))]]
-    widgets.show_table(widgets.Table(["", "value"], rows, title=f"07 · expert parallelism ({mode} mode)"))
+    ep, dp = f"dp1 × ep{n}", f"dp{n} × ep1"
+    precisions = list(dict.fromkeys(precision for precision, _ in scaling))
+    rows = [["correctness: max relative error vs 1 process", f"{worst_error:.1e}"],
+            [f"here, {preset} {' · '.join(precisions)}: tokens/s per {unit} vs 1, {ep} / {dp}",
+             " · ".join(f"{scaling[p, ep]:.2f} / {scaling[p, dp]:.2f}" for p in precisions)],
+            [f"mixtral-2l: GB sent per GPU and step, {ep} / {dp} (computed)",
+             f"{comm['mixtral-2l', ep]['sent'] / GB:.2f} / {comm['mixtral-2l', dp]['sent'] / GB:.2f}"],
+            ["Mixtral-8x7B, 8 GPUs: training state GiB per GPU, dp8 / FSDP2 / ep8",
+             f"{_gib(state['dp', 8]):,.0f} / {_gib(state['fsdp', 8]):,.0f} / {_gib(state['ep', 8]):,.0f}"],
+            ["expert-parallel training: loss", f"{losses[0]:.3f} → {losses[-1]:.3f}"],
+            ["2 × H200 (quoted): vs 1, dp1 × ep2 / dp2 × ep1, bf16 · FP8",
+             " · ".join(f"{h200[p, 'dp1 × ep2']['scaling_efficiency_vs_1_gpu']:.2f} / "
+                        f"{h200[p, 'dp2 × ep1']['scaling_efficiency_vs_1_gpu']:.2f}" for p in ("bf16", "fp8"))]]
+    widgets.show_table(widgets.Table(["", "value"], rows, title=f"07 · expert parallelism ({mode} mode, {launches.where})"))

@@ -629,6 +629,14 @@ def _label(component: str) -> str:
             "fp8_weight_copies": "FP8 weight copies"}.get(component, component.replace("_", " "))
 
 
+def table_layout_name(row: dict) -> str:
+    """A row's layout as the text table names it: FSDP2, or "no FSDP" for the replicated
+    engine, where each GPU keeps whole copies of what it holds. That is every weight at dp8 ×
+    ep1, but only the dense weights and its share of the experts at dp1 × ep8: there the
+    experts are split, not replicated."""
+    return f"dp{row['dp']}×ep{row['ep']} " + ("FSDP2" if row["engine"] == "fsdp2" else "no FSDP")
+
+
 def _table_text(rows: list[dict], gpu_bytes: float, reserve_fraction: float,
                 settings: dict) -> str:
     short = {"parameters": "params", "gradients": "grads", "optimizer_state": "AdamW",
@@ -645,7 +653,7 @@ def _table_text(rows: list[dict], gpu_bytes: float, reserve_fraction: float,
              header, "-" * len(header)]
     for r in rows:
         state = r["state_dtype"].replace("bfloat16", "bf16").replace("float32", "fp32")
-        lines.append(f"{r['layout']:<22} {state:>8} "
+        lines.append(f"{table_layout_name(r):<22} {state:>8} "
                      + " ".join(f"{gib(r[c]):8.1f}" for c in TABLE_COMPONENTS)
                      + f" {gib(r['peak_bytes']):8.1f}  {r['peak_phase']:<8}  "
                      + f"{'yes' if r['fits'] else 'NO':<4}  {r['why']}")

@@ -73,7 +73,7 @@ PANEL_TITLES = {
 AXIS_TITLES = {  # each panel's y axis
     "throughput": "{y_title}",
     "speedup": "× {baseline}",
-    "memory": "GB",
+    "memory": "GiB",
     "loss": "loss",
 }
 DASHBOARD_CLASS = "moe-live-dashboard"  # CSS class of a live dashboard's widget box (browser tests)

@@ -2,22 +2,24 @@
 `moe_tutorial.parallel.distributed.AllToAllDispatcher` runs them — each rank sorts its token copies by
 expert (experts are sharded contiguously, so that sorts them by destination rank too), the ranks
 exchange their counts, then the rows (with their routing weights) in one all-to-all; each rank
-runs its local experts on what it received, the outputs travel back along the same routes, and
-each token sums its k outputs. 3 tokens per rank, 4 experts, top-2.
+regroups what it received by local expert (from the counts alone: `regroup_by_expert`), runs its
+local experts as one grouped GEMM and puts the outputs back in arrival order; the outputs travel
+back along the same routes, and each token sums its k outputs. 3 tokens per rank, 4 experts, top-2.
 
     python notebooks/figures/all_to_all.py
 """
 
 from __future__ import annotations
 
-from svg import EXPERTS, MUTED, WHITE, Figure, arrow, box, legend, lines, save, text
+from svg import EXPERTS, MUTED, WHITE, Figure, arrow, box, fit_width, legend, lines, save, text
 
 TITLE = "Expert parallelism on 2 ranks: all-to-all dispatch and combine"
 DESC = ("Two ranks each hold 2 of 4 experts and 3 tokens routed top-2. Each rank sorts its 6 token "
         "copies by expert, which groups them by the rank that owns the expert; after exchanging "
-        "counts, one all-to-all sends every group to its rank, each rank runs its local experts on "
-        "the rows it received, a second all-to-all sends the outputs back along the same routes, "
-        "and each token sums its two outputs.")
+        "counts, one all-to-all sends every group to its rank; each rank regroups the rows it "
+        "received by expert, runs its local experts on them as one grouped GEMM and puts the "
+        "outputs back in arrival order; a second all-to-all sends the outputs back along the same "
+        "routes, and each token sums its two outputs.")
 
 NUM_EXPERTS, TOP_K, RANKS = 4, 2, 2
 PER_RANK = NUM_EXPERTS // RANKS
@@ -54,6 +56,14 @@ def recv_counts(rank: int) -> list[list[int]]:
     return [tokens_per_expert(src)[first:first + PER_RANK] for src in range(RANKS)]
 
 
+def regrouped(rank: int) -> list[list[tuple[str, int]]]:
+    """The rows the rank received, regrouped by its local experts: each expert's rows from rank 0,
+    then rank 1, ... (`distributed.regroup_by_expert`'s order), one group per local expert."""
+    arrived = [c for src in range(RANKS) for c in sent(src, rank)]
+    first = rank * PER_RANK
+    return [[c for c in arrived if c[1] == e] for e in range(first, first + PER_RANK)]
+
+
 def _cells(x: float, y: float, groups: list[list[tuple[str, int]]]) -> tuple[list[str], list[float]]:
     """Groups of cells left to right; returns (svg, the x centre of each group)."""
     parts, centres = [], []
@@ -71,22 +81,23 @@ def _list(values) -> str:
 
 
 def svg() -> str:
-    fig = Figure(1000, 562, TITLE, DESC)
+    fig = Figure(1000, 634, TITLE, DESC)
     fig.heading(f"Expert parallelism on {RANKS} ranks: dispatch and combine by all-to-all "
                 f"({NUM_EXPERTS} experts, top-{TOP_K})")
-    y_route, y_sort, y_recv, y_out, y_back, y_tok = 78, 118, 214, 306, 400, 474
+    y_route, y_sort, y_recv, y_group, y_ret, y_back, y_tok = 78, 118, 214, 306, 378, 472, 546
     steps = [
         (y_sort, ["① sort the copies", "by expert (= by", "destination rank)"]),
         ((y_sort + y_recv) / 2 + 10,
          ["② all-to-all: counts", "first, then the rows", "(+ routing weights)"]),
-        (y_out - 16, ["③ local experts:", "one grouped GEMM"]),
-        ((y_out + y_back) / 2 + 18, ["④ all-to-all back,", "same routes"]),
+        (y_group - 16, ["③ regroup by expert", "(from the counts),", "one grouped GEMM,",
+                        "outputs back in", "arrival order"]),
+        ((y_ret + y_back) / 2 + 18, ["④ all-to-all back,", "same routes"]),
         (y_tok, ["⑤ unpermute: each", "token sums its", "2 outputs"]),
     ]
     for y, label in steps:
         fig.add(lines(STEP_X, y + 4, label, size=10.5, leading=14))
 
-    sort_centres, recv_centres, out_centres, back_centres = {}, {}, {}, {}
+    sort_centres, recv_centres, ret_centres, back_centres = {}, {}, {}, {}
     for rank in range(RANKS):
         x = HALF_X[rank]
         first = rank * PER_RANK
@@ -104,10 +115,18 @@ def svg() -> str:
         fig.add(*parts, text(x, y_recv + 37, f"from rank 0 | rank 1: recv_counts "
                              f"{_list(recv_counts(rank))}", size=10, fill=MUTED))
         rows = sum(len(g) for g in received)
-        fig.add(box(x, y_out - 30, rows * CELL + GROUP_GAP, 22,
-                    f"experts {first}, {first + PER_RANK - 1} on {rows} rows", WHITE, size=10))
-        parts, out_centres[rank] = _cells(x, y_out, received)
-        fig.add(*parts)
+        label = f"grouped GEMM, experts {first}, {first + PER_RANK - 1}: {rows} rows"
+        fig.add(box(x, y_group - 30, max(rows * CELL + GROUP_GAP, fit_width(label, 10)), 22, label,
+                    WHITE, size=10))
+        groups = regrouped(rank)
+        parts, _ = _cells(x, y_group, groups)
+        width = rows * CELL + len(groups) * GROUP_GAP
+        fig.add(*parts, lines(x + width + 4, y_group + 9, ["by expert, from", "the counts"],
+                              size=10, fill=MUTED, leading=13))
+        parts, ret_centres[rank] = _cells(x, y_ret, received)
+        width = rows * CELL + RANKS * GROUP_GAP
+        fig.add(*parts, lines(x + width + 4, y_ret + 9, ["outputs, in", "arrival order"],
+                              size=10, fill=MUTED, leading=13))
         parts, back_centres[rank] = _cells(x, y_back, [sent(rank, d) for d in range(RANKS)])
         width = sum(len(sent(rank, d)) for d in range(RANKS)) * CELL + RANKS * GROUP_GAP
         fig.add(*parts, lines(x + width + 4, y_back + 9, ["outputs back,", "in sorted order"],
@@ -120,13 +139,13 @@ def svg() -> str:
             colour = "#555555" if src == dst else "#b42318"
             fig.add(arrow(sort_centres[src][dst], y_sort + 27, recv_centres[dst][src], y_recv - 4,
                           colour=colour, width=1.4),
-                    arrow(out_centres[dst][src], y_out + 27, back_centres[src][dst], y_back - 4,
+                    arrow(ret_centres[dst][src], y_ret + 27, back_centres[src][dst], y_back - 4,
                           colour=colour, width=1.4))
     for rank in range(RANKS):
         x = HALF_X[rank]
         fig.add(arrow(x + 90, y_back + 27, x + 66, y_tok - 13))
-    key, _ = legend(HALF_X[0], 522, [(EXPERTS[e], f"expert {e}") for e in range(NUM_EXPERTS)])
-    fig.add(key, lines(STEP_X, 546, [
+    key, _ = legend(HALF_X[0], 594, [(EXPERTS[e], f"expert {e}") for e in range(NUM_EXPERTS)])
+    fig.add(key, lines(STEP_X, 618, [
         "red: rows that cross to the other rank; grey: rows that stay. Backward sends the "
         "gradients back along the same routes (all_to_all_single_autograd)."], size=10.5,
         fill=MUTED))

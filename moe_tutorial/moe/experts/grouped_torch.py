@@ -72,7 +72,12 @@ def grouped_mm_unusable(x: torch.Tensor, w: torch.Tensor) -> str | None:
     if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 0):
         return "torch._grouped_mm needs compute capability >= 8.0"
     if x.is_cuda and x.dtype != torch.bfloat16:
-        return f"torch._grouped_mm on CUDA takes bfloat16, not {x.dtype}"
+        # torch accepts float32 and float16 too, but runs its one grouped kernel only for bf16:
+        # other dtypes go to `_grouped_mm_fallback`, which copies the offsets to the host (a
+        # sync) and loops over the experts (aten/src/ATen/native/cuda/GroupedBlas.cpp,
+        # `_grouped_mm_cuda`); this loop is the same, the sync made visible.
+        return (f"torch._grouped_mm runs one grouped kernel only in bfloat16; in {x.dtype} it "
+                f"copies the offsets to the host and loops over the experts")
     # Its kernels read rows as 16-byte vectors: every row stride must be a multiple of 16 bytes.
     if any((n * t.element_size()) % 16 for t in (x, w) for n in (x.shape[-1], w.shape[-2])):
         return "row sizes are not multiples of 16 bytes"

@@ -476,3 +476,12 @@ def test_fp8_block_2d_uses_one_scale_per_128x128_tile():
     data, scales = quant.mxfp8_quantize(w[128:, 256:].reshape(1, -1), block=72 * 44)
     alone = quant.mxfp8_dequantize(data, scales, block=72 * 44).reshape(72, 44)
     assert torch.equal(back[128:, 256:], alone)
+
+
+@pytest.mark.parametrize("dim", [-1, 0])
+def test_mxfp8_of_a_tensor_with_no_rows_is_empty_not_an_error(dim):
+    """An expert that got no tokens hands MXFP8 a [0, hidden] tensor: empty data and scales,
+    dequantized back to the empty tensor."""
+    data, scales = quant.mxfp8_quantize(torch.zeros(0, 64), dim=dim)
+    assert data.shape == (0, 64) and scales.shape == ((0, 2) if dim == -1 else (0, 64))
+    assert quant.mxfp8_dequantize(data, scales, dim=dim).shape == (0, 64)

@@ -420,7 +420,8 @@ def mxfp8_quantize(x: torch.Tensor, block: int = MX_BLOCK, dim: int = -1, rule: 
     moved = x.float().movedim(dim, -1)
     size = moved.shape[-1]
     padded = F.pad(moved, (0, -size % block))
-    blocks = padded.reshape(*padded.shape[:-1], -1, block)
+    # the block count spelled out: with 0 rows a -1 would be ambiguous
+    blocks = padded.reshape(*padded.shape[:-1], padded.shape[-1] // block, block)
     scales = mx_scale_from_amax(_nan_ignoring_amax(blocks, dim=-1), rule)
     # Dividing by 2^E is a multiplication by 2^-E: exact, so only the E4M3 cast rounds.
     elements = blocks * _exp2(127 - scales.long()).unsqueeze(-1)

@@ -235,6 +235,8 @@ MERGE_CASES = {
     "not a report": (lambda tmp: [str(tmp / "other.json")], ["other.json", "not a `bench --out`"]),
     "other environment": (lambda tmp: [str(tmp / "a.json"), str(tmp / "b.json")],
                           ["different environments", "torch"]),
+    "one file twice": (lambda tmp: [str(tmp / "c.json"), str(tmp / "c.json")],
+                       ["the same run given twice"]),
 }
 
 
@@ -245,6 +247,9 @@ def test_bench_merge_names_the_bad_part(capsys, tmp_path, parts, words):
     for name, torch_version in (("a", "2.13"), ("b", "2.11")):
         report = {"environment": {"torch": torch_version}, "results": [], "complete": True}
         (tmp_path / f"{name}.json").write_text(json.dumps(report))
+    one_row = {"environment": {"torch": "2.13"}, "complete": True,
+               "results": [{"part": "train", "variant": "hf_eager", "status": "ok", "tokens_per_s": 1.0}]}
+    (tmp_path / "c.json").write_text(json.dumps(one_row))
     refused(capsys, ["bench", "--merge", *parts(tmp_path)], *words)
 
 

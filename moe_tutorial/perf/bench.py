@@ -815,6 +815,12 @@ def merge_reports(reports: list[dict]) -> dict:
                         if k != "date" and k in first and first[k] != v)
         if differ:
             raise ValueError(f"cannot merge reports from different environments (differ in {differ})")
+    # One run given twice (the same file, or a copy) would count every row twice
+    twice = next(((i, j) for j, r in enumerate(reports) for i in range(j)
+                  if r["results"] and reports[i]["results"] == r["results"]), None)
+    if twice:
+        raise ValueError(f"reports {twice[0]} and {twice[1]} hold the same results: the same run "
+                         f"given twice; give each part once")
     incomplete = [i for i, r in enumerate(reports) if not r.get("complete", True)]
     if incomplete:
         raise ValueError(f"report(s) {incomplete} did not finish (complete=False): rerun them")

@@ -29,6 +29,8 @@ def test_layouts_are_every_factorisation_whose_ep_divides_the_experts():
     assert distributed.layouts(8, 6) == [(4, 2), (8, 1)]  # ep 4 and 8 would split 6 experts unevenly
     assert distributed.layouts(6, 8) == [(3, 2), (6, 1)]
     assert distributed.layouts(1, 8) == [(1, 1)]
+    # the walk is over the experts' divisors, not the GPU count: a huge count answers at once
+    assert distributed.layouts(10**12, 4) == [(10**12 // 4, 4), (10**12 // 2, 2), (10**12, 1)]
     with pytest.raises(ValueError, match="--gpus must be >= 1"):
         distributed.layouts(0, 8)
 

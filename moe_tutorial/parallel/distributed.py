@@ -96,7 +96,8 @@ def layouts(gpus: int, num_experts: int) -> list[tuple[int, int]]:
     first (8 GPUs, 8 experts: (1, 8), (2, 4), (4, 2), (8, 1))."""
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
-    return [(gpus // ep, ep) for ep in range(gpus, 0, -1)
+    # ep divides num_experts: walking its divisors stays short whatever the GPU count
+    return [(gpus // ep, ep) for ep in range(min(gpus, num_experts), 0, -1)
             if gpus % ep == 0 and num_experts % ep == 0]
 
 

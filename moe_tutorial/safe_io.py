@@ -31,6 +31,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 import sys
 import time
 from pathlib import Path
@@ -201,7 +202,17 @@ def hold_folder(directory: str | Path, what: str):
     try:
         directory.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            try:  # never through a link: the lock is truncated and written below
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise WriteFailed(exc.errno, f"{lock} is a link, where the course keeps its lock "
+                                             f"file; remove the link (it is not the course's)") from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise WriteFailed(errno.EEXIST, f"{lock} is not a plain file, where the course "
+                                                f"keeps its lock file; move it away")
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -219,6 +230,8 @@ def hold_folder(directory: str | Path, what: str):
             if same:
                 break
             os.close(fd)
+    except WriteFailed:
+        raise
     except OSError as exc:
         raise WriteFailed(exc.errno, f"{directory} cannot be used ({_describe(exc)}); choose a "
                                      f"folder you can write to") from None

@@ -16,34 +16,22 @@ executed notebooks were brought here from its GPU machine."""
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import importlib.metadata
 import json
 import sys
 from pathlib import Path
 
 from moe_tutorial.course.gpu_replay import cell_digest, compact_outputs, magic_names
+from moe_tutorial.perf import timing
 
 
-def environment(mode: str = "full") -> dict:
+def environment() -> dict:
+    """This GPU machine's hardware and versions, as every committed result records them
+    (`perf.timing.environment`)."""
     import torch
-
-    def version(dist: str) -> str | None:
-        for name in (dist, dist.replace("_", "-")):
-            try:
-                return importlib.metadata.version(name)
-            except importlib.metadata.PackageNotFoundError:
-                continue
-        return None
 
     if not torch.cuda.is_available():
         raise SystemExit("record_gpu_run: no CUDA GPU here; record the run on the GPU machine it ran on")
-    return {"gpu": torch.cuda.get_device_name(), "compute_capability": ".".join(
-                map(str, torch.cuda.get_device_capability())),
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "transformer_engine": version("transformer_engine"),
-            "transformers": version("transformers"), "mode": mode,
-            "date": _dt.date.today().isoformat()}
+    return timing.environment()
 
 
 def chapter_cells(notebook: dict) -> list[dict]:
@@ -67,7 +55,7 @@ def record(run_dir: Path, out: Path, given_environment: dict | None = None) -> d
         papermill = notebook.get("metadata", {}).get("papermill", {})
         mode = (papermill.get("parameters") or {}).get("MODE") or "unknown"
         seconds = papermill.get("duration")
-        env = {**(given_environment or environment(mode)), "mode": mode}
+        env = {**(given_environment or environment()), "mode": mode}
         record["chapters"][path.stem] = {"environment": env, "cells": chapter_cells(notebook),
                                          "seconds": round(seconds, 1) if seconds else None}
     out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

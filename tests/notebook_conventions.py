@@ -29,10 +29,7 @@ def tagged(path: Path, tag: str) -> list[dict]:
 
 # Chapters whose `%%needs_gpu` cells the committed GPU run does not hold yet, each with why: the
 # tests that demand a committed output (and no cell that did not run) accept only these.
-GPU_RECORD_PENDING = {
-    "02_grouped_linear": "the 2026-12-07 session's device time ran out during 02's full-mode run; "
-                         "record it on a GPU with tools/record_gpu_run.py",
-}
+GPU_RECORD_PENDING: dict[str, str] = {}
 NOT_RUN = r"not (run|trained|compared) here|did not run"
 
 MAX_PARAMETER_LINES = 4  # the environment is read by lesson.setup, not by the cell

@@ -5,6 +5,10 @@
 #   docker run --gpus all --ipc=host -p 8888:8888 \
 #     -v "$PWD/work:/workspace/moe-tutorial/work" moe-tutorial   # JupyterLab; your work/ kept
 #   docker run --gpus all --ipc=host moe-tutorial make course       # the course, headless
+#
+# The tag: the first NGC PyTorch release that can hold TE 2.20 (released 2026-10-05), by the
+# releases' one-TE-minor-a-month cadence (26.06 holds TE 2.16.0); docs/gpu.md gives the sources
+# and what is and is not confirmed. The guard below reads the TE the image really holds.
 ARG NGC_TAG=26.10-py3
 FROM nvcr.io/nvidia/pytorch:${NGC_TAG}
 ARG NGC_TAG

@@ -12,50 +12,54 @@ LAB_FLAGS ?=
 # pytest's options for `make test`: parallel workers, one per core; tests sharing a
 # module-scoped fixture stay on one worker (tests/conftest.py)
 PYTEST_FLAGS ?= -n auto --dist loadscope --no-loadscope-reorder
+# the `make course` run `make site` renders (run first when it holds no report.html)
+SITE_RUN ?= runs/site
 BOOTSTRAP = $(PYTHON) -m tools.bootstrap
 
 .DEFAULT_GOAL := help
-.PHONY: help lab course test gpu lock
+.PHONY: help lab course test site gpu lock
 
 ## make help: this list
 help:
 	@awk '/^## make /{sub(/^## /, ""); print; next} /^#   /{sub(/^#/, " "); print}' $(MAKEFILE_LIST)
 
 ## make lab: JupyterLab on your working copy work/ (chapters and exercises side by side; made on
-#   first use, your files there never overwritten: delete one to get a fresh copy); start with
+#   first use, your files there never overwritten: delete one to get a fresh copy), opened on
 #   notebooks/01_naive_moe.ipynb; LAB_FLAGS='--ip=0.0.0.0 --no-browser' passes options to Lab
+# Lab opens on the first chapter, without JupyterLab's "receive news?" toast
+LAB_DEFAULTS = --LabApp.default_url=/lab/tree/notebooks/01_naive_moe.ipynb --LabApp.news_url=None
 lab:
-	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial lab -- $(LAB_FLAGS)
+	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial lab -- $(LAB_DEFAULTS) $(LAB_FLAGS)
 
 ## make course: run the course headless (small mode on CPU, full mode on a GPU) with a report
 #   (mode: $MOE_TUTORIAL_MODE=small|full, else by hardware; stops at the first failing notebook)
 #   into a new RUN_DIR each time; RUN_FLAGS=--replace reuses a RUN_DIR an earlier run wrote
 course:
-	$(BOOTSTRAP) --extras course,hf -- -m moe_tutorial run --out $(RUN_DIR) $(RUN_FLAGS)
+	MOE_TUTORIAL_STARTED_BY=make $(BOOTSTRAP) --extras course,hf -- -m moe_tutorial run \
+	  --out $(RUN_DIR) $(RUN_FLAGS)
 
 ## make test: the test suite (CPU; GPU tests skip with a reason, run them with `pytest -m gpu`);
-#   PYTEST_FLAGS='-n 0 -x' runs it in one process
+#   PYTEST_FLAGS='-n 0 -x' runs it in one process; what only the tests import (torchao) goes
+#   beside the environment, never into it, so the chapters run the same after it
 test:
-	$(BOOTSTRAP) --extras test -- -m pytest $(PYTEST_FLAGS)
+	$(BOOTSTRAP) --extras test --test-only -- -m pytest $(PYTEST_FLAGS)
+
+## make site: the executed course as a static website in build/site/ (open build/site/index.html):
+#   every chapter with its outputs from the run in SITE_RUN (made first when it has no report;
+#   on a CPU its GPU cells show the committed GPU run), the glossary, notes and docs, linked
+site:
+	@[ -f $(SITE_RUN)/report.html ] || $(MAKE) --no-print-directory course RUN_DIR=$(SITE_RUN)
+	$(BOOTSTRAP) --extras course,hf -- -m tools.site --run $(SITE_RUN) --out build/site
 
 ## make gpu: on an NVIDIA GPU machine, Transformer Engine 2.20 built against the environment's
 #   torch (the course's CUDA torch first, if it has none); see docs/gpu.md
 gpu:
 	$(BOOTSTRAP) --gpu --extras course,hf
 
-## make lock: regenerate cpu-lock.txt, the CPU environment CI installs (pip-tools, in a
-#   throwaway venv; needs the package index); pip-tools resolves with pip itself, so through
-#   pip's configuration (its indexes, the CPU build of torch), as the install from the lock does
+## make lock: regenerate cpu-lock.txt, the CPU environment CI installs, for every Python the
+#   course supports (resolved for the oldest, 3.11.0, checked for the newer), and the table of
+#   what each pin needs of Python (cpu-lock-python.txt); needs the package index (tools/lock.py:
+#   uv, which reads its own settings, e.g. UV_DEFAULT_INDEX, not pip's); LOCK_FLAGS='--find-links
+#   DIR' adds a folder of wheels
 lock:
-	rm -rf .lock-venv && $(PYTHON) -m venv .lock-venv
-	.lock-venv/bin/pip install --quiet pip-tools
-	$(PYTHON) -c 'from tools.bootstrap import CPU_TORCH; print(CPU_TORCH + "+cpu")' \
-	  > .lock-venv/torch-cpu.txt
-	CUSTOM_COMPILE_COMMAND='make lock' .lock-venv/bin/pip-compile --quiet --extra test --extra course --extra hf --strip-extras \
-	  --allow-unsafe --no-emit-find-links --no-emit-index-url --no-emit-trusted-host \
-	  --extra-index-url https://download.pytorch.org/whl/cpu --pip-args '--retries 0 --timeout 20' \
-	  -c .lock-venv/torch-cpu.txt -o cpu-lock.txt pyproject.toml
-	@# torch without its +cpu label: the CPU wheel index's build and the same version from
-	@# another index (the bootstrap's fallback) both satisfy it
-	sed -i 's/^torch==\(.*\)+cpu$$/torch==\1/; /-c \.lock-venv\/torch-cpu\.txt/d' cpu-lock.txt
-	rm -rf .lock-venv
+	$(PYTHON) -m tools.lock $(LOCK_FLAGS)

@@ -4,6 +4,7 @@ blackwell-dry-run | validate | speed-of-light | idle-gaps | analyze`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -28,34 +29,16 @@ def _check_device(device: str | None) -> None:
         check_device(device)
 
 
-def _check_writable_directory(flag: str, value: str, directory: Path) -> None:
-    """`directory` (where `flag value` writes) is, or can be made, a directory this user can
-    write in: its nearest existing part is a directory with write permission."""
-    directory = directory.absolute()
-    existing = next(p for p in (directory, *directory.parents) if p.exists())
-    if not existing.is_dir():
-        raise ValueError(f"{flag} {value}: {existing} is a file, not a directory; choose "
-                         f"another path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {value}: no permission to write in {existing}; choose "
-                         f"another directory")
-
-
-def _check_output_file(flag: str, path: str | None, replace: bool, *,
+def _check_output_file(args: argparse.Namespace, flag: str, path: str | None, *,
                        make_parents: bool) -> None:
-    """An output file the command can write when it ends, checked before it starts: not a
-    directory, not an earlier result (unless --replace), and a place to write it (its
-    directory exists, or with `make_parents` can be made)."""
-    if path is None:
-        return
-    from .safe_io import check_target
+    """An output file the command writes, checked before it starts (`safe_io.check_output`);
+    `main` then claims it for the command (`safe_io.claim_output`), so a second command
+    writing it stops before its work."""
+    if path is not None:
+        from .safe_io import check_output
 
-    target = Path(path)
-    check_target(target, replace=replace, flag=flag)
-    _check_writable_directory(flag, path, target.parent)
-    if not make_parents and not target.absolute().parent.is_dir():
-        raise ValueError(f"{flag} {path}: the directory {target.absolute().parent} does not "
-                         f"exist; create it first, or choose another path")
+        check_output(flag, path, replace=args.replace, make_parents=make_parents)
+        args.outputs.append((flag, path, make_parents))
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -89,24 +72,14 @@ def _te_version_warning(te_version: str | None, cuda_available: bool) -> str | N
 
 def _lab(args: argparse.Namespace) -> int:
     """Prepare the learner's working copy (moe_tutorial/course/workspace.py), then become JupyterLab."""
-    import importlib.util
-
     from .course import workspace
 
-    if importlib.util.find_spec("jupyterlab") is None:
-        print("error: JupyterLab is not installed in this environment; run `make lab` (it "
-              "installs it), or `pip install -e '.[course]'`", file=sys.stderr)
-        return 2
     try:
-        root = workspace.prepare_workspace()
-    except (FileNotFoundError, FileExistsError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        argv = workspace.lab_command(args.jupyter_args)
+    except (OSError, ValueError) as exc:  # no JupyterLab, no course, no working copy, busy
+        print(f"error: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}",
+              file=sys.stderr)
         return 2
-    extra = args.jupyter_args[1:] if args.jupyter_args[:1] == ["--"] else args.jupyter_args
-    argv = workspace.lab_argv(root, extra)
-    if "--allow-root" in argv:
-        print("running as root (as in NVIDIA's containers): JupyterLab starts with --allow-root")
-    print(f"JupyterLab on {root}: start with notebooks/01_naive_moe.ipynb", flush=True)
     os.execv(argv[0], argv)
 
 
@@ -124,22 +97,29 @@ def _check_train(args: argparse.Namespace) -> None:
     from .moe.experts import EXPERT_BACKENDS
     from .train import checkpoint
 
+    if args.checkpoint_dir is not None and not args.checkpoint_dir.strip():
+        raise ValueError("--checkpoint-dir is empty (an unset variable?); give the folder to "
+                         "save into, e.g. --checkpoint-dir runs/small, or leave the flag out "
+                         "to train without checkpoints")
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir (the directory the run saved into)")
+    if not 0 <= args.seed < 2**64:  # torch.manual_seed's range
+        raise ValueError(f"--seed {args.seed} is outside [0, 2**64 - 1], the seeds torch "
+                         f"takes; choose a smaller one, e.g. --seed 0")
     preset(args.preset)
     if args.backend not in EXPERT_BACKENDS:
         raise ValueError(f"--backend {args.backend!r} is not an expert backend; choose one of "
                          f"{', '.join(EXPERT_BACKENDS)}")
     _check_device(args.device)
-    from .train.data import check_count, check_positive_number
+    from .arguments import check_count, check_positive_number
 
     # The flags by their own names; TrainSettings checks the same values again for the API.
     check_count("--steps", args.steps)
     check_count("--batch-size", args.batch_size)
     check_positive_number("--lr", args.lr)
     _train_settings(args)
-    _check_output_file("--json", args.json, args.replace, make_parents=False)
-    if args.checkpoint_dir:
+    _check_output_file(args, "--json", args.json, make_parents=False)
+    if args.checkpoint_dir is not None:
         from .safe_io import check_folder_free
 
         check_count("--checkpoint-every", args.checkpoint_every)
@@ -181,7 +161,7 @@ def _train(args: argparse.Namespace) -> int:
     # starting point is the same either way.
     start = evaluate(model, data.val, settings.batch_size, settings.eval_batches)
     checkpoint = (Checkpointing(args.checkpoint_dir, args.checkpoint_every, args.keep_checkpoints)
-                  if args.checkpoint_dir else None)
+                  if args.checkpoint_dir is not None else None)
     try:
         history = train(model, data.train, settings, val=data.val, checkpoint=checkpoint,
                         resume=args.resume)
@@ -191,23 +171,23 @@ def _train(args: argparse.Namespace) -> int:
     except TrainingDiverged as exc:  # a failed training: its step, loss and what to change
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    final = evaluate(model, data.val, settings.batch_size)  # all validation windows, not a sample
+    if args.json:  # before anything is printed: a closed stdout cannot lose the result
+        from .perf.timing import environment
+
+        write_json(args.json, {
+            "preset": args.preset, "device": device, "environment": environment(),
+            "settings": {k: v for k, v in vars(args).items() if k not in ("run", "outputs")},
+            "unigram_nats": data.unigram_nats, "val_loss_start": start,
+            "val_loss_final": final, "history": history}, replace=args.replace)
     print(f"\n{'step':>6} {'train loss':>11} {'val loss':>9} {'tokens/s':>9} {'minutes':>8}")
     print(f"{0:>6} {'':>11} {start:>9.3f}")
     for r in history:
         if "val_loss" in r:
             print(f"{r['step']:>6} {r['loss']:>11.3f} {r['val_loss']:>9.3f} "
                   f"{r['tokens_per_s']:>9,.0f} {r['elapsed_s'] / 60:>8.2f}")
-    final = evaluate(model, data.val, settings.batch_size)  # all validation windows, not a sample
     print(f"\nvalidation loss (all {data.val[:, 1:].numel():,} validation tokens): {start:.3f} → "
           f"{final:.3f} nats; unigram baseline {data.unigram_nats:.3f} ({final - data.unigram_nats:+.3f})")
-    if args.json:
-        from .perf.timing import environment
-
-        write_json(args.json, {
-            "preset": args.preset, "device": device, "environment": environment(),
-            "settings": {k: v for k, v in vars(args).items() if k != "run"},
-            "unigram_nats": data.unigram_nats, "val_loss_start": start,
-            "val_loss_final": final, "history": history}, replace=args.replace)
     return 0
 
 
@@ -280,11 +260,11 @@ def _read_report(path: str) -> dict:
 
 
 def _check_bench(args: argparse.Namespace) -> None:
+    from .arguments import check_count
     from .perf import bench
-    from .train.data import check_count
 
     _check_device(args.device)
-    _check_output_file("--out", args.out, args.replace, make_parents=True)
+    _check_output_file(args, "--out", args.out, make_parents=True)
     for flag, value, least in (("--batch", args.batch, 1), ("--seq-len", args.seq_len, 1),
                                ("--warmup", args.warmup, 0), ("--iters", args.iters, 1),
                                ("--layers", args.layers, 1)):
@@ -302,10 +282,10 @@ def _check_bench(args: argparse.Namespace) -> None:
 def _check_step_workload(args: argparse.Namespace) -> None:
     """--out, --preset, --batch and --seq-len of a command that profiles one training step
     (`_add_step_workload`)."""
+    from .arguments import check_count
     from .moe.config import PRESETS
-    from .train.data import check_count
 
-    _check_output_file("--out", args.out, args.replace, make_parents=True)
+    _check_output_file(args, "--out", args.out, make_parents=True)
     if args.preset not in PRESETS:
         raise ValueError(f"--preset {args.preset!r} is not a preset; choose one of {sorted(PRESETS)}")
     check_count("--batch", args.batch)
@@ -313,7 +293,7 @@ def _check_step_workload(args: argparse.Namespace) -> None:
 
 
 def _check_speed_of_light(args: argparse.Namespace) -> None:
-    from .train.data import check_count
+    from .arguments import check_count
 
     _check_device(args.device)
     _check_step_workload(args)
@@ -372,7 +352,7 @@ def _idle_gaps(args: argparse.Namespace) -> int:
 def _check_analyze(args: argparse.Namespace) -> None:
     from .perf.analyze import FLAG_NAMES, check_arguments
 
-    _check_output_file("--json", args.json, args.replace, make_parents=True)
+    _check_output_file(args, "--json", args.json, make_parents=True)
     check_arguments(args.model, batch=args.batch, seq_len=args.seq_len, gpus=args.gpus,
                     gpu_gib=args.gpu_gib, names=FLAG_NAMES)
 
@@ -382,15 +362,17 @@ def _analyze(args: argparse.Namespace) -> int:
 
     report = analyze(args.model, batch=args.batch, seq_len=args.seq_len, gpus=args.gpus,
                      gpu_gib=args.gpu_gib, sweep=False if args.no_sweep else None)
+    if args.json:  # before the report is printed: a closed stdout cannot lose it
+        _write_json(report, args.json, say=False)
     print(format_report(report))
     if args.json:
-        _write_json(report, args.json)
+        print(f"wrote {args.json}")
     return 0
 
 
 # Each command's checks of its arguments, run before any of its work (see `main`).
 def _check_validate(args: argparse.Namespace) -> None:
-    _check_output_file("--out", args.out, args.replace, make_parents=True)
+    _check_output_file(args, "--out", args.out, make_parents=True)
 
 
 _CHECKS = {"validate": _check_validate, "train": _check_train, "bench": _check_bench, "speed-of-light": _check_speed_of_light,
@@ -409,13 +391,15 @@ def _add_step_workload(parser: argparse.ArgumentParser, *, out_help: str) -> Non
                         help="replace an existing --out file (else it is refused)")
 
 
-def _write_json(doc: dict, path: str) -> None:
-    """`doc` into `path` whole or not at all; the command checked `path` before its work."""
+def _write_json(doc: dict, path: str, *, say: bool = True) -> None:
+    """`doc` into `path` whole or not at all; the command checked and claimed `path` before
+    its work (`main`)."""
     from .safe_io import write_json
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_json(path, doc, replace=True)
-    print(f"wrote {path}")
+    if say:
+        print(f"wrote {path}")
 
 
 def _blackwell_dry_run(args: argparse.Namespace) -> int:
@@ -478,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="continue from the newest checkpoint in --checkpoint-dir (same settings)")
     tr.set_defaults(run=_train)
 
-    from .course.runner import add_build_command, add_run_command
+    from .course.exercise_build import add_build_command
+    from .course.runner import add_run_command
     add_run_command(sub)  # `run`: execute the notebooks headless, write report.html
     add_build_command(sub)  # `build`: exercises/ from solutions/ (--check for CI)
 
@@ -570,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
     an.set_defaults(run=_analyze)
 
     args = parser.parse_args(argv)
+    args.outputs = []  # (flag, path, make_parents) of the files the command writes
     check = _CHECKS.get(args.command)
     if check is not None:
         # Every argument is checked before any work starts. These checks see nothing but the
@@ -580,13 +566,32 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    from .safe_io import WriteFailed
+    from .safe_io import FolderBusy, StdoutThatMayClose, UnsafeWrite, WriteFailed, claim_output
 
+    stdout = sys.stdout
+    sys.stdout = StdoutThatMayClose(stdout)
     try:
-        return args.run(args)
-    except WriteFailed as exc:  # a full disk or lost permission: nothing was changed, say so
-        print(f"error: {exc.strerror or exc}", file=sys.stderr)
-        return 1
+        with contextlib.ExitStack() as claims:
+            try:  # one writer per result file, from now until the command ends
+                for flag, path, make_parents in args.outputs:
+                    claims.enter_context(claim_output(
+                        path, f"`{args.command}`", replace=args.replace, flag=flag,
+                        make_parents=make_parents))
+            except (UnsafeWrite, FolderBusy, WriteFailed) as exc:
+                print(f"error: {exc.strerror if isinstance(exc, OSError) else exc}",
+                      file=sys.stderr)
+                return 2
+            try:
+                return args.run(args)
+            except (WriteFailed, UnsafeWrite, FolderBusy) as exc:
+                # a full disk, lost permission, a result file that appeared meanwhile: nothing
+                # was changed, say so
+                print(f"error: {exc.strerror if isinstance(exc, OSError) else exc}",
+                      file=sys.stderr)
+                return 1
+    finally:
+        sys.stdout.finish()
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from moe_tutorial.course.dashboard import DASHBOARD_CLASS
 from moe_tutorial.course.workspace import lab_argv, prepare_workspace
-from moe_tutorial.perf.widgets import DASHBOARD_CLASS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

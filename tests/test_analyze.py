@@ -14,7 +14,7 @@ import torch
 from moe_tutorial.cli import main
 from moe_tutorial.moe import experts
 from moe_tutorial.moe.config import PRESETS, MoEConfig, preset
-from moe_tutorial.perf import analyze, decide, memory, skew
+from moe_tutorial.perf import analyze, decide, memory, model_numbers, recommend, skew
 from moe_tutorial.precision import hardware
 
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
@@ -65,7 +65,7 @@ def test_numbers_are_those_of_parameter_counts_and_memory_predict(reports):
         predicted = memory.predict(
             config, batch=s["batch"], seq_len=s["seq_len"], dp=row["dp"], ep=row["ep"],
             engine=row["engine"], backend=memory.TABLE_BACKEND,
-            state_dtype=analyze.FSDP2_STATE_DTYPE if row["engine"] == "fsdp2" else None)
+            state_dtype=recommend.FSDP2_STATE_DTYPE if row["engine"] == "fsdp2" else None)
         assert row["peak_bytes"] == predicted.peak
         assert row["fits"] == memory.fits(predicted, s["gpu_gib"] * 2**30)
     assert [(r["engine"], r["dp"], r["ep"]) for r in report["memory"]["rows"]] == [
@@ -147,9 +147,9 @@ def test_recommendation_sentences_come_from_the_data(reports):
     config = analyze.load_model("qwen3-moe-30b-a3b").config
     align = experts.FUSED_MLP_ROWS_PER_EXPERT
     assert (items["backend"]["choice"], items["recipe"]["choice"], items["alignment"]["choice"]) \
-        == ("te_ops", analyze.FUSED_RECIPE, align)
+        == ("te_ops", model_numbers.FUSED_RECIPE, align)
     tokens = report["settings"]["batch"] * report["settings"]["seq_len"]
-    skewed = analyze.padding_fractions(analyze.skewed_routing_splits(config, tokens))
+    skewed = model_numbers.padding_fractions(model_numbers.skewed_routing_splits(config, tokens))
     assert f"{skewed[align]:.1%}" in items["alignment"]["reason"]
     fitting = [r["layout"] for r in report["memory"]["rows"] if r["fits"]]
     assert items["layout"]["choice"] in fitting
@@ -171,8 +171,8 @@ def _sweep_rows(fp8_speedup: float) -> list[dict]:
 def test_the_sweep_map_decides_the_recipe_where_nothing_fuses(fp8_speedup, recipe, align, backend):
     model = analyze.load_model("tiny")
     verdicts = decide.decision_map(_sweep_rows(fp8_speedup))
-    items = {i["item"]: i for i in analyze.recommend(
-        model, analyze.arch_capabilities("hopper"), arch="hopper", verdicts=verdicts,
+    items = {i["item"]: i for i in recommend.recommend(
+        model, model_numbers.arch_capabilities("hopper"), arch="hopper", verdicts=verdicts,
         source="a sweep", batch=1, seq_len=64, gpus=8, gpu_bytes=140 * 2**30)}
     assert items["backend"]["choice"] == backend
     assert (items["recipe"]["choice"], items["alignment"]["choice"]) == (recipe, align)
@@ -189,8 +189,8 @@ def test_the_bf16_default_path_only_where_it_was_measured(arch, hidden, intermed
     tiny = analyze.load_model("tiny")
     wide = dataclasses.replace(tiny, config=dataclasses.replace(
         tiny.config, hidden_size=hidden, intermediate_size=intermediate))
-    items = {i["item"]: i for i in analyze.recommend(
-        wide, analyze.arch_capabilities(arch), arch=arch, verdicts=decide.decision_map(_sweep_rows(0.7)),
+    items = {i["item"]: i for i in recommend.recommend(
+        wide, model_numbers.arch_capabilities(arch), arch=arch, verdicts=decide.decision_map(_sweep_rows(0.7)),
         source="a sweep", batch=1, seq_len=64, gpus=8, gpu_bytes=140 * 2**30)}
     assert (items["backend"]["choice"], items["recipe"]["choice"]) == (backend, "bf16")
 
@@ -199,9 +199,9 @@ def test_on_a_gpu_the_sweep_decides_for_that_gpu(monkeypatch):
     """The GPU branch, without a GPU: a Hopper's capabilities and a stand-in sweep."""
     model = analyze.load_model("tiny")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(hardware, "capabilities", lambda: analyze.arch_capabilities("hopper"))
-    monkeypatch.setattr(analyze, "run_sweep", lambda config, caps: _sweep_rows(1.5))
-    result = analyze.recommendation(model, sweep=None, batch=1, seq_len=64, gpus=8,
+    monkeypatch.setattr(hardware, "capabilities", lambda: model_numbers.arch_capabilities("hopper"))
+    monkeypatch.setattr(recommend, "run_sweep", lambda config, caps: _sweep_rows(1.5))
+    result = recommend.recommendation(model, sweep=None, batch=1, seq_len=64, gpus=8,
                                     gpu_bytes=140 * 2**30)
     assert result["sweep"]["ran"] and "On NVIDIA H200" in result["sweep"]["rule"]
     (machine, items), = result["machines"].items()
@@ -213,7 +213,7 @@ def test_on_a_gpu_the_sweep_decides_for_that_gpu(monkeypatch):
     ("from", 8, 16, True), ("from", 8, 4, False), ("up_to", 8, 4, True), ("mixed", None, 1, None)])
 def test_paid_at_reads_a_verdict_at_a_size(kind, threshold, size, expected):
     verdict = decide.Verdict(decide.TECHNIQUES[1], kind, threshold)
-    assert analyze.paid_at(verdict, size) is expected
+    assert recommend.paid_at(verdict, size) is expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def test_the_sweep_times_this_models_expert_layer(capsys):
     """The GPU's sweep, run on a CPU with the tiny preset: the course's decision sweep on the
     model's own shape, one row per variant, which the map reads."""
     config = preset("tiny")
-    rows = analyze.run_sweep(config, hardware.capabilities(), device="cpu", tokens_per_gpu=(64,))
+    rows = recommend.run_sweep(config, hardware.capabilities(), device="cpu", tokens_per_gpu=(64,))
     assert [(r["shape"], r["variant"]) for r in rows] == [
         ("t64", v) for v in ("loop", "grouped", "te_ops", "fp8")]
     timed = [r for r in rows if r["status"] == "ok"]
@@ -304,12 +304,12 @@ def test_skewed_padding_counts_the_benchmark_routing():
     an earlier version's bug) and its padding describes that extreme, not the routing's tail."""
     config = analyze.load_model("qwen3-moe-30b-a3b").config
     tokens = 4096
-    splits = analyze.skewed_routing_splits(config, tokens)
+    splits = model_numbers.skewed_routing_splits(config, tokens)
     assert sum(splits) == tokens * config.top_k and len(splits) == config.num_experts
     row = next(r for r in analyze.padding(config, (tokens,)))
-    counted = skew.padding_waste(splits, tuple(analyze.alignments()))
+    counted = skew.padding_waste(splits, tuple(model_numbers.alignments()))
     extreme = skew.padding_waste(skew.skewed_splits(tokens, config.num_experts, config.top_k, 1.0),
-                                 tuple(analyze.alignments()))
+                                 tuple(model_numbers.alignments()))
     for a in row["alignments"]:
         assert a["skewed"] == counted[a["align"]]["fraction"]
     assert any(counted[a]["fraction"] != extreme[a]["fraction"] for a in counted)

@@ -15,7 +15,7 @@ pytest.importorskip("papermill")
 from course_helpers import notebook, snapshot  # noqa: E402
 
 from moe_tutorial.cli import main  # noqa: E402
-from moe_tutorial.course import runner as course  # noqa: E402
+from moe_tutorial.course import exercise_build  # noqa: E402
 
 REGION = ("def double(x):\n    ### BEGIN SOLUTION\n    ### HINT: multiply by two\n"
           "    return 2 * x\n    ### END SOLUTION\n")
@@ -41,7 +41,7 @@ def _solutions(root: Path, *sources: str) -> Path:
         nb = {"cells": [{"cell_type": "code", "id": f"c{number}", "metadata": {}, "outputs": [],
                          "execution_count": None, "source": source.splitlines(keepends=True)}],
               "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-        (folder / f"{number:02d}_ex.ipynb").write_text(course.notebook_json(nb))
+        (folder / f"{number:02d}_ex.ipynb").write_text(exercise_build.notebook_json(nb))
     return folder
 
 
@@ -61,7 +61,7 @@ def _build(root: Path, *extra: str) -> int:
 def _edit(exercise: Path) -> str:
     nb = json.loads(exercise.read_text())
     nb["cells"][0]["source"] = ["def double(x):\n", "    return x + x  # my answer\n"]
-    exercise.write_text(course.notebook_json(nb))
+    exercise.write_text(exercise_build.notebook_json(nb))
     return exercise.read_text()
 
 
@@ -222,7 +222,7 @@ def test_build_replaces_an_exercise_that_was_only_run(built):
     nb = json.loads(exercise.read_text())
     nb["cells"][0]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["x\n"]}]
     nb["cells"][0]["execution_count"] = 3
-    exercise.write_text(course.notebook_json(nb))
+    exercise.write_text(exercise_build.notebook_json(nb))
     assert _build(built) == 0
     assert json.loads(exercise.read_text())["cells"][0]["outputs"] == []
 

@@ -6,9 +6,10 @@ import re
 import pytest
 import torch
 
+from moe_tutorial.course.lesson import course_mode
 from moe_tutorial.moe import hf_baseline
 from moe_tutorial.moe.batch import IGNORE_INDEX, next_token_targets
-from moe_tutorial.moe.config import MoEConfig, course_mode, preset
+from moe_tutorial.moe.config import MoEConfig, preset
 from moe_tutorial.moe.hf import from_hf
 from moe_tutorial.moe.model import MoEForCausalLM
 

@@ -126,13 +126,14 @@ def test_a_link_into_the_course_is_never_written_through(tmp_path, course_dir):
     assert (course_dir / "solutions" / "01_router.ipynb").read_text() == "the solution"
 
 
-def test_a_link_elsewhere_is_replaced_itself_not_its_target(tmp_path):
+def test_a_link_elsewhere_is_refused_and_both_kept(tmp_path):
     target = tmp_path / "elsewhere.json"
     target.write_text("kept")
     link = tmp_path / "out.json"
     link.symlink_to(target)
-    safe_io.write_json(link, {"new": 1}, replace=True)
-    assert target.read_text() == "kept" and not link.is_symlink()
+    with pytest.raises(safe_io.UnsafeWrite, match="is a link .*remove the link"):
+        safe_io.write_json(link, {"new": 1}, replace=True)
+    assert target.read_text() == "kept" and link.is_symlink()
 
 
 def test_a_missing_folder_is_one_clear_error(tmp_path):

@@ -21,7 +21,7 @@ from course_helpers import WorkStarted, notebook, one_line_error, save_checkpoin
 
 from moe_tutorial import safe_io
 from moe_tutorial.cli import main
-from moe_tutorial.course import lesson, runner
+from moe_tutorial.course import exercise_build, lesson, run_inputs, runner
 from moe_tutorial.moe.config import MoEConfig, preset
 from moe_tutorial.moe.hf import from_hf, to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM
@@ -215,7 +215,7 @@ def test_a_run_of_a_notebook_that_is_not_json_is_one_line(capsys, fake_checkout,
 
 def test_replace_never_overwrites_a_file_the_runner_did_not_write(capsys, sized):
     assert runner.run_course(sized, Path("runs/mine"), mode="small").ok
-    manifest = Path("runs/mine") / runner.RUN_MANIFEST
+    manifest = Path("runs/mine") / run_inputs.RUN_MANIFEST
     made = json.loads(manifest.read_text())
     made["files"].remove("01_a.html")
     manifest.write_text(json.dumps(made))
@@ -312,12 +312,12 @@ def test_build_keeps_an_edited_exercise_and_says_how_to_replace_it(capsys, solut
 
 
 def test_build_api_names_its_arguments(solutions, tmp_path):
-    refused(lambda: runner.build_exercises(solutions, solutions / "ex"), runner.BuildError,
+    refused(lambda: exercise_build.build_exercises(solutions, solutions / "ex"), exercise_build.BuildError,
             "exercises_dir=", absent=("--exercises",))
     edited = tmp_path / "exercises" / "01_router.ipynb"
-    runner.build_exercises(solutions, tmp_path / "exercises")
+    exercise_build.build_exercises(solutions, tmp_path / "exercises")
     edited.write_text(edited.read_text().replace("NotImplementedError", "NotImplementedError  #"))
-    result = runner.build_exercises(solutions, tmp_path / "exercises")
+    result = exercise_build.build_exercises(solutions, tmp_path / "exercises")
     assert result.refused and "replace=True" in result.refused[0], result.refused
     assert "--replace" not in result.refused[0]
 

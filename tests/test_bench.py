@@ -227,11 +227,11 @@ def test_fp8_rows_quote_mfu_against_the_fp8_peak_and_say_which():
 def test_family_shapes_are_the_shipped_configs():
     """The expert-layer benchmark's Qwen3-MoE and OLMoE shapes are those of the configs the
     course ships (moe_tutorial/configs/), as `analyze` reads them: one source of truth."""
-    from moe_tutorial.perf import analyze
+    from moe_tutorial.perf import analyze, model_numbers
 
     for shape, config in (("qwen3_30b_a3b", "qwen3-moe-30b-a3b"), ("olmoe_1b_7b", "olmoe-1b-7b")):
         bench_shape = bench.EXPERT_SHAPES[shape]
-        want = analyze.expert_shape(analyze.load_model(config).config, bench_shape.tokens)
+        want = model_numbers.expert_shape(analyze.load_model(config).config, bench_shape.tokens)
         assert (bench_shape.hidden, bench_shape.intermediate, bench_shape.experts,
                 bench_shape.top_k) == (want.hidden, want.intermediate, want.experts, want.top_k)
     assert set(bench.FAMILY_SHAPES) <= set(bench.EXPERT_SHAPES)

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FAKE_PYTHON = textwrap.dedent('''\
     #!{python}
     """A stand-in for a Python interpreter: state.json next to bin/ says what it holds."""
-    import json, shutil, sys
+    import json, os, shutil, sys
     from pathlib import Path
 
     me = Path(__file__)
@@ -31,7 +31,9 @@ FAKE_PYTHON = textwrap.dedent('''\
     state = json.loads((prefix / "state.json").read_text())
     args = sys.argv[1:]
     with open(state["log"], "a") as log:
-        log.write(json.dumps({{"python": str(me), "args": args}}) + "\\n")
+        build_env = {{k: os.environ.get(k) for k in ("NVTE_CUDA_ARCHS", "MAX_JOBS", "PYTHONPATH")
+                  if os.environ.get(k)}}
+        log.write(json.dumps({{"python": str(me), "args": args, "env": build_env}}) + "\\n")
 
     def save():
         (prefix / "state.json").write_text(json.dumps(state))
@@ -43,6 +45,8 @@ FAKE_PYTHON = textwrap.dedent('''\
         if "import torch" in code:
             if not state.get("torch"):
                 sys.exit(1)
+            if "get_device_capability" in code:
+                sys.exit(print(state["arch"]) if state.get("arch") else 1)
             print(state["cuda"] if "torch.version.cuda" in code else state["torch"])
         sys.exit(0)
     if args[:2] == ["-m", "venv"]:
@@ -52,7 +56,9 @@ FAKE_PYTHON = textwrap.dedent('''\
         target = Path(args[-1])
         (target / "bin").mkdir(parents=True)
         shutil.copy2(me, target / "bin" / "python")
-        child = {{"log": state["log"], "offline": state.get("offline", False)}}
+        # the machine's facts (network, GPU) carry over; packages only with the system's
+        child = {{"log": state["log"], **{{k: state[k] for k in
+                 ("offline", "cpu_index_down", "index_torch", "arch") if k in state}}}}
         if inherit:
             child.update({{k: state.get(k) for k in ("torch", "te", "cuda")}})
         (target / "state.json").write_text(json.dumps(child))
@@ -64,6 +70,13 @@ FAKE_PYTHON = textwrap.dedent('''\
             sys.exit("error: externally-managed-environment")
         if state.get("offline"):
             sys.exit("ERROR: No matching distribution found for setuptools>=68")
+        if state.get("cpu_index_down") and "{cpu_index}" in args:
+            sys.exit("ERROR: Could not find a version that satisfies the requirement torch")
+        if "--dry-run" in args:  # pip's report of what the configured index would install
+            report = {{"install": [{{"metadata": {{"name": n}}}}
+                                   for n in state.get("index_torch", ["torch"])]}}
+            Path(args[args.index("--report") + 1]).write_text(json.dumps(report))
+            sys.exit(0)
         for arg in args:
             if arg.startswith("torch=="):
                 state["torch"] = arg[len("torch=="):]
@@ -76,11 +89,13 @@ FAKE_PYTHON = textwrap.dedent('''\
 
 
 def fake_python(prefix: Path, log: Path, **state) -> Path:
-    """A fake interpreter at prefix/bin/python holding `state` (torch, te, cuda, offline,
-    externally_managed, no_venv_module)."""
+    """A fake interpreter at prefix/bin/python holding `state` (torch, te, cuda, arch, offline,
+    externally_managed, no_venv_module, cpu_index_down, index_torch: the wheels pip's
+    configured index would install for torch)."""
     python = prefix / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text(FAKE_PYTHON.format(python=sys.executable))
+    python.write_text(FAKE_PYTHON.format(python=sys.executable,
+                                         cpu_index=bootstrap.CPU_TORCH_INDEX))
     python.chmod(0o755)
     (prefix / "state.json").write_text(json.dumps({"log": str(log), **state}))
     return python
@@ -111,8 +126,10 @@ def checkout(tmp_path, monkeypatch):
     monkeypatch.setattr(bootstrap, "LOCK", repo / "cpu-lock.txt")
     monkeypatch.setattr(bootstrap, "_uv", lambda: None)
     monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda: False)
+    monkeypatch.setattr(bootstrap, "LOCAL_CUDA_NVCC", tmp_path / "no-cuda" / "bin" / "nvcc")
     monkeypatch.delenv("PIP_CONSTRAINT", raising=False)
-    for name in ("VIRTUAL_ENV", "CONDA_PREFIX"):
+    for name in ("VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "CUDA_HOME", "NVTE_CUDA_ARCHS",
+                 "MAX_JOBS", "NVTE_BUILD_MAX_JOBS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)  # main() changes into the checkout; this puts it back
     return tmp_path
@@ -140,15 +157,11 @@ def test_cpu_machines_get_the_cpu_build_of_torch_and_gpu_machines_the_checked_cu
     assert gpu[-3:] == ["--index-url", bootstrap.GPU_TORCH_INDEX, bootstrap.GPU_TORCH]
 
 
-def test_the_lock_file_pins_the_bootstraps_cpu_torch_and_the_gpu_extra_its_te():
+def test_the_lock_file_pins_the_bootstraps_cpu_torch():
     lock = (ROOT / "cpu-lock.txt").read_text().splitlines()
     assert bootstrap.CPU_TORCH in lock  # without +cpu: either index's build satisfies it
     assert not [line for line in lock if line.startswith(("nvidia-", "triton"))], \
         "the CPU lock holds CUDA packages: regenerate it with `make lock`"
-    import tomllib
-
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["project"]["optional-dependencies"]["gpu"] == [f"transformer-engine[pytorch]>={bootstrap.TE_SERIES},<2.21"]
     assert hardware.TE_SERIES == bootstrap.TE_SERIES  # what `info` warns against
 
 
@@ -181,6 +194,8 @@ def test_an_active_conda_env_gets_the_cpu_torch_and_the_lock(checkout, monkeypat
     assert course_install["args"][4:6] == ["-e", f"{bootstrap.ROOT}[course,hf]"]
     assert str(bootstrap.LOCK) in course_install["args"]  # a CPU machine at the lock's torch
     assert json.loads((conda / bootstrap.STAMP).read_text())["extras"] == ["course", "hf"]
+    (kernel,) = [c["args"] for c in calls(log) if c["args"][:2] == ["-m", "ipykernel"]]
+    assert kernel[2:6] == ["install", "--user", "--name", "moe-tutorial"]  # by name, for VS Code
 
 
 def test_a_python_that_has_torch_and_te_gets_a_venv_that_sees_them(checkout, monkeypatch, capsys):
@@ -248,6 +263,7 @@ def test_make_gpu_builds_te_against_the_environments_cuda_torch(checkout, monkey
     system = fake_python(checkout / "usr", log)
     monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda: True)
     python = bootstrap.ensure_environment({"course"}, base_python=str(system))
+    monkeypatch.setenv("CUDA_HOME", str(fake_nvcc(checkout / "cuda", "13.0").parents[1]))
     bootstrap.install_te(python)
     torch_install, _, tools, te = pip_installs(log)
     assert torch_install["args"][-1] == bootstrap.GPU_TORCH
@@ -256,3 +272,163 @@ def test_make_gpu_builds_te_against_the_environments_cuda_torch(checkout, monkey
     assert f"transformer_engine[pytorch,core_cu13]=={bootstrap.TE_SERIES}.*" in te["args"]
     assert str(bootstrap.VENV / "moe_tutorial-torch-pin.txt") in te["args"]
     assert state(bootstrap.VENV)["te"].startswith(bootstrap.TE_SERIES)
+
+
+def test_condas_base_environment_is_never_installed_into(checkout, monkeypatch, capsys):
+    """conda's shell hook activates `base` in every new shell: the course goes to .venv."""
+    log = checkout / "log"
+    base = checkout / "miniconda3"
+    base_python = fake_python(base, log)
+    (base / "condabin").mkdir()
+    monkeypatch.setenv("CONDA_PREFIX", str(base))
+    monkeypatch.setenv("CONDA_DEFAULT_ENV", "base")
+    python = bootstrap.ensure_environment({"course"}, base_python=str(base_python))
+    assert python == bootstrap.VENV / "bin" / "python"
+    assert {c["python"] for c in pip_installs(log)} == {str(python)}  # never base's pip
+    assert not (base / bootstrap.STAMP).exists() and "torch" not in state(base)
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if "conda's base" in line]
+    assert "conda's base environment is active" in line and str(bootstrap.VENV) in line
+    # a conda environment of the learner's own is used as it is
+    monkeypatch.setenv("CONDA_DEFAULT_ENV", "moe-tutorial")
+    assert bootstrap.active_environment() is None  # the prefix is still base (condabin/)
+    own = checkout / "miniconda3" / "envs" / "moe-tutorial"
+    own.mkdir(parents=True)
+    monkeypatch.setenv("CONDA_PREFIX", str(own))
+    assert bootstrap.active_environment() == own
+
+
+def test_without_the_cpu_index_a_cpu_build_from_the_configured_index_is_installed(checkout):
+    log = checkout / "log"
+    system = fake_python(checkout / "usr", log, cpu_index_down=True, index_torch=["torch"])
+    bootstrap.ensure_environment({"test"}, base_python=str(system))
+    installs = [c["args"] for c in pip_installs(log)]
+    assert bootstrap.CPU_TORCH_INDEX in installs[0]  # tried first, and failed
+    assert "--dry-run" in installs[1]  # what the configured index would bring, looked at
+    assert installs[2][-1] == bootstrap.CPU_TORCH and "--dry-run" not in installs[2]
+    assert state(bootstrap.VENV)["torch"] == bootstrap.CPU_TORCH.split("==")[1]
+
+
+def test_without_the_cpu_index_a_cuda_build_is_refused_with_how_to_point_pip_at_one(checkout):
+    """PyPI's Linux torch is the CUDA build: about 20 nvidia wheels a CPU machine cannot use."""
+    log = checkout / "log"
+    system = fake_python(checkout / "usr", log, cpu_index_down=True,
+                         index_torch=["torch", "nvidia-cublas", "nvidia-cudnn-cu13", "triton"])
+    with pytest.raises(SystemExit) as stop:
+        bootstrap.ensure_environment({"test"}, base_python=str(system))
+    message = str(stop.value)
+    assert "\n" not in message and message.startswith("error: ")
+    assert "CUDA build" in message and "3 CUDA wheels" in message
+    assert f"PIP_EXTRA_INDEX_URL=<a mirror of {bootstrap.CPU_TORCH_INDEX}>" in message
+    assert "torch" not in state(bootstrap.VENV)  # nothing installed
+    assert all("--dry-run" in c["args"] or bootstrap.CPU_TORCH_INDEX in c["args"]
+               for c in pip_installs(log))
+
+
+def fake_nvcc(folder: Path, release: str) -> Path:
+    """An `nvcc` that answers `--version` as CUDA `release`'s does."""
+    nvcc = folder / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text(f"#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+                    f"echo 'Cuda compilation tools, release {release}, V{release}.88'\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+@pytest.fixture()
+def gpu_machine(checkout, monkeypatch):
+    """A GPU machine whose environment has the course's CUDA 13.0 torch and no TE, no nvcc on
+    the PATH (nor CUDA_HOME); returns that environment's Python."""
+    monkeypatch.setattr(bootstrap, "has_nvidia_gpu", lambda: True)
+    monkeypatch.setenv("PATH", str(checkout / "empty-path"))
+    monkeypatch.setattr(bootstrap, "memory_available_gib", lambda: 11.5)
+    monkeypatch.setattr(bootstrap.os, "cpu_count", lambda: 16)
+    system = fake_python(checkout / "usr", checkout / "log", arch="89")
+    return bootstrap.ensure_environment({"course"}, base_python=str(system))
+
+
+def te_installs(log: Path) -> list[dict]:
+    return [c for c in pip_installs(log) if any(a.startswith("transformer_engine[") for a in
+                                                 c["args"])]
+
+
+def test_make_gpu_without_nvcc_stops_with_one_line(gpu_machine, checkout, monkeypatch):
+    with pytest.raises(SystemExit) as stop:
+        bootstrap.install_te(gpu_machine)
+    message = str(stop.value)
+    assert "\n" not in message and "no nvcc" in message and "CUDA 13 toolkit" in message
+    assert not te_installs(checkout / "log")
+
+
+def test_make_gpu_refuses_an_nvcc_of_another_cuda_major(gpu_machine, checkout, monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", str(fake_nvcc(checkout / "cuda-12.8", "12.8").parents[1]))
+    with pytest.raises(SystemExit) as stop:
+        bootstrap.install_te(gpu_machine)
+    message = str(stop.value)
+    assert "\n" not in message
+    assert "is CUDA 12.8 but the torch" in message and "built for CUDA 13.0" in message
+    assert not te_installs(checkout / "log")
+
+
+def test_make_gpu_builds_for_this_gpu_with_jobs_bounded_by_memory(gpu_machine, checkout,
+                                                                  monkeypatch, capsys):
+    nvcc = fake_nvcc(checkout / "cuda", "13.0")
+    monkeypatch.setenv("PATH", str(nvcc.parent))
+    bootstrap.install_te(gpu_machine)
+    (te,) = te_installs(checkout / "log")
+    # sm_89 (an L4 or RTX 40xx) only; 11.5 GiB free over 4 GiB a job: 2 jobs, not 16 cores
+    assert {k: te["env"].get(k) for k in ("NVTE_CUDA_ARCHS", "MAX_JOBS")} == \
+        {"NVTE_CUDA_ARCHS": "89", "MAX_JOBS": "2"}
+    assert f"building TE with {nvcc.resolve()} (CUDA 13.0), NVTE_CUDA_ARCHS=89, MAX_JOBS=2" in \
+        capsys.readouterr().out.replace(str(nvcc), str(nvcc.resolve()))
+
+
+def test_make_gpu_keeps_the_architectures_and_jobs_the_user_set(gpu_machine, checkout,
+                                                                monkeypatch):
+    monkeypatch.setenv("PATH", str(fake_nvcc(checkout / "cuda", "13.0").parent))
+    monkeypatch.setenv("NVTE_CUDA_ARCHS", "90;100")
+    monkeypatch.setenv("MAX_JOBS", "6")
+    bootstrap.install_te(gpu_machine)
+    (te,) = te_installs(checkout / "log")
+    assert {k: te["env"].get(k) for k in ("NVTE_CUDA_ARCHS", "MAX_JOBS")} == \
+        {"NVTE_CUDA_ARCHS": "90;100", "MAX_JOBS": "6"}
+
+
+@pytest.mark.parametrize("version, accepted", [((3, 10, 12), False), ((3, 11, 2), True),
+                                               ((3, 12, 3), True), ((3, 15, 0), False)])
+def test_only_the_pythons_the_lock_fits_start_the_course(checkout, monkeypatch, capsys, version,
+                                                         accepted):
+    monkeypatch.setattr(sys, "version_info", version)
+    monkeypatch.setattr(bootstrap, "ensure_environment", lambda extras: Path("/env/bin/python"))
+    if accepted:
+        assert bootstrap.main(["--extras", "test"]) == 0
+        return
+    with pytest.raises(SystemExit):
+        bootstrap.main(["--extras", "test"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is not one the course installs on (3.11 to 3.14)" in err
+
+
+def test_what_only_the_tests_import_goes_beside_the_environment(checkout, monkeypatch):
+    """torchao, imported by transformers wherever it is installed, would print its warnings in
+    every chapter after `make test`: it goes into a folder of its own, on the tests' PYTHONPATH."""
+    log = checkout / "log"
+    system = fake_python(checkout / "usr", log)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bootstrap.ensure_environment({"test"}, base_python=str(system))
+    log.unlink()
+    assert bootstrap.main(["--extras", "test", "--test-only", "--", "-m", "pytest"]) == 0
+    target = bootstrap.VENV / bootstrap.TEST_ONLY_DIR
+    (install,) = pip_installs(log)
+    assert install["args"][-len(bootstrap.TEST_ONLY) - 3:] == \
+        ["--no-deps", "--target", str(target), *bootstrap.TEST_ONLY]
+    assert calls(log)[-1]["args"] == ["-m", "pytest"]
+    assert calls(log)[-1]["env"]["PYTHONPATH"] == str(target)
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not [d for deps in extras.values() for d in deps if d.startswith("torchao")]
+    # installed once: the next run goes straight to the command, without pip
+    log.unlink()
+    assert bootstrap.main(["--extras", "test", "--test-only", "--", "-m", "pytest"]) == 0
+    assert [c["args"] for c in calls(log)] == [["-m", "pytest"]]

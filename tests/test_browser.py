@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from browser_lab import ACTIVE, CHROMIUM, CHROMIUM_FLAGS, ROOT, Notebook, jupyter_lab
 
-from moe_tutorial.perf.widgets import (
+from moe_tutorial.course.widgets import (
     SKEW_EXPLORER_CLASS,
     SKEW_OUTPUT_CLASS,
     SKEW_SLIDER_CLASS,

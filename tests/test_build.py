@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from moe_tutorial.cli import main
-from moe_tutorial.course import runner as course
+from moe_tutorial.course import exercise_build as course
 
 ROOT = Path(__file__).resolve().parents[1]
 

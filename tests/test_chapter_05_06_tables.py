@@ -1,10 +1,11 @@
-"""The tables chapters 05 and 06 draw from the package (`perf.backends`, `perf.blackwell`,
-`perf.step_tables`): compact, each row saying what ran or why not, the published figures quoted with
+"""The tables chapters 05 and 06 draw from the package (`course.backends`, `perf.blackwell`,
+`course.step_tables`): compact, each row saying what ran or why not, the published figures quoted with
 their ratios, and nothing that labels one run's numbers as another's."""
 
 import re
 
-from moe_tutorial.perf import backends, bench, blackwell, step_tables
+from moe_tutorial.course import backends, step_tables
+from moe_tutorial.perf import bench, blackwell
 from moe_tutorial.precision import hardware
 
 

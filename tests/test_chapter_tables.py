@@ -1,4 +1,4 @@
-"""The tables chapters 04 and 05 draw from the package (`perf.fp8_training`, `perf.backends`,
+"""The tables chapters 04 and 05 draw from the package (`course.fp8_training`, `course.backends`,
 `perf.blackwell`): what each row says follows from the decision it shows, and a row that did not
 run says why."""
 
@@ -6,8 +6,9 @@ import json
 
 import torch
 
+from moe_tutorial.course import backends, fp8_training
 from moe_tutorial.moe import experts, model, routing
-from moe_tutorial.perf import backends, bench, blackwell, fp8_training
+from moe_tutorial.perf import bench, blackwell
 from moe_tutorial.precision import hardware
 
 

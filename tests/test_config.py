@@ -1,8 +1,10 @@
 import pytest
 import torch
 
-from moe_tutorial.moe.config import MODE_ENV, PRESETS, VOCAB_SIZE, MoEConfig, course_mode, preset
+from moe_tutorial.course.lesson import MODE_ENV, course_mode
+from moe_tutorial.moe.config import PRESETS, MoEConfig, preset
 from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter
+from moe_tutorial.train.data import VOCAB_SIZE
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

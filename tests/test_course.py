@@ -14,6 +14,7 @@ pytest.importorskip("papermill")
 from course_helpers import notebook, snapshot  # noqa: E402
 
 from moe_tutorial.cli import main  # noqa: E402
+from moe_tutorial.course import report, run_inputs  # noqa: E402
 from moe_tutorial.course import runner as course  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,11 +47,11 @@ def test_runner_injects_parameters(setup_run):
 
 def test_executed_copy_holds_its_closing_table_and_figure(setup_run):
     nb = nbformat.read(setup_run.out_dir / "00_setup.ipynb", as_version=4)
-    outputs = course.closing_outputs(nb)
+    outputs = report.closing_outputs(nb)
     html = "".join(o.get("data", {}).get("text/html", "") for o in outputs)
     text = "".join(o.get("data", {}).get("text/plain", "") for o in outputs)
     assert "00 · setup: this machine and the data" in html and "unigram baseline" in text
-    assert any(course.PLOTLY_MIME in o.get("data", {}) for o in outputs)
+    assert any(report.PLOTLY_MIME in o.get("data", {}) for o in outputs)
     # store_widget_state=False and no widget outputs: the executed notebook stays small
     assert (setup_run.out_dir / "00_setup.ipynb").stat().st_size < 1_000_000
     assert setup_run.runs[0].seconds > 0 and setup_run.runs[0].status == "ok"
@@ -77,7 +78,7 @@ def test_every_executed_notebook_has_an_html_rendering_next_to_it(setup_run):
     assert "window.Plotly = Plotly" in (setup_run.out_dir / course.PLOTLY_JS).read_text()
     assert "<plotly figure" not in page.split("</head>", 1)[1].replace("&lt;plotly figure", ""), \
         "every figure is drawn, not shown as its text form"
-    manifest = json.loads((setup_run.out_dir / course.RUN_MANIFEST).read_text())["files"]
+    manifest = json.loads((setup_run.out_dir / run_inputs.RUN_MANIFEST).read_text())["files"]
     assert {"00_setup.ipynb", "00_setup.html", course.PLOTLY_JS, "report.html"} <= set(manifest)
     executed = json.loads((setup_run.out_dir / "00_setup.ipynb").read_text())
     assert "widgets" not in executed["metadata"]  # store_widget_state=False
@@ -161,7 +162,7 @@ def test_failing_notebook_stops_the_run_and_shows_its_error(tmp_path, capsys, mo
 
 
 def test_missing_notebooks_folder_is_not_an_error(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(course, "default_notebooks_dir", lambda: tmp_path / "notebooks")
+    monkeypatch.setattr(run_inputs, "default_notebooks_dir", lambda: tmp_path / "notebooks")
     assert main(["run", "--out", str(tmp_path / "out")]) == 0
     assert "No course notebooks found" in capsys.readouterr().out
     assert "What this machine can run" in (tmp_path / "out" / "report.html").read_text()
@@ -204,15 +205,15 @@ def test_run_command_is_registered(capsys):
 
 
 def test_report_renders_outputs():
-    figures = course._FigureCounter()
-    plot = course.render_output({"output_type": "display_data", "data": {
-        course.PLOTLY_MIME: {"data": [{"type": "bar", "y": [1]}], "layout": {"title": {"text": "</script>"}}},
+    figures = report._FigureCounter()
+    plot = report.render_output({"output_type": "display_data", "data": {
+        report.PLOTLY_MIME: {"data": [{"type": "bar", "y": [1]}], "layout": {"title": {"text": "</script>"}}},
         "text/plain": "<plotly figure>"}}, figures)
     assert figures.count == 1 and "Plotly.newPlot" in plot and "</script>" not in plot.split("<script>")[1][:-9]
-    assert course.render_output({"output_type": "stream", "name": "stdout", "text": "a < b"},
+    assert report.render_output({"output_type": "stream", "name": "stdout", "text": "a < b"},
                                 figures) == '<pre class="stream">a &lt; b</pre>'
-    widget = {"output_type": "display_data", "data": {course.WIDGET_MIME: {}, "text/plain": "VBox()"}}
-    assert course.render_output(widget, figures) == ""
+    widget = {"output_type": "display_data", "data": {report.WIDGET_MIME: {}, "text/plain": "VBox()"}}
+    assert report.render_output(widget, figures) == ""
     json.dumps(plot)
 
 
@@ -227,7 +228,8 @@ def two_notebooks(tmp_path):
             notebook(nbs / "02_b.ipynb", "print(2)", parameters="MODE = ''")]
 
 
-def test_a_second_run_into_the_same_folder_is_refused(tmp_path, two_notebooks, fast_papermill, capsys):
+def test_a_second_run_into_the_same_folder_is_refused(tmp_path, two_notebooks, fast_papermill, capsys,
+                                                      monkeypatch):
     """Finding 2: `run --out DIR` twice replaced the first run silently."""
     out = tmp_path / "out"
     args = ["run", "--mode", "small", "--notebooks", *map(str, two_notebooks), "--out", str(out)]
@@ -241,6 +243,13 @@ def test_a_second_run_into_the_same_folder_is_refused(tmp_path, two_notebooks, f
                    "an earlier run there\n")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     assert main([*args, "--replace"]) == 0
+    # through `make course`, the same refusal in make's words
+    monkeypatch.setenv(course.STARTED_BY_ENV, "make")
+    assert main(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: RUN_DIR={out} is not empty (it holds .moe-tutorial-run.json, 01_a.html, "
+        "01_a.ipynb, ...); give a new folder, or add RUN_FLAGS=--replace to replace an earlier "
+        "run there\n")
 
 
 def test_replace_after_a_killed_run_leaves_no_old_report(tmp_path, two_notebooks, fast_papermill):
@@ -285,7 +294,7 @@ def test_a_notebook_that_cannot_be_rendered_says_so(tmp_path, two_notebooks, fas
                                                    monkeypatch, capsys):
     """The run's results stand without their HTML rendering, and the report says why it is
     missing instead of linking nothing."""
-    def cannot_render(run):
+    def cannot_render(run, in_run):
         raise ValueError(f"no template for {run.name}")
 
     monkeypatch.setattr(course, "write_html", cannot_render)
@@ -303,3 +312,39 @@ def test_a_parameter_cannot_contradict_the_mode(tmp_path, two_notebooks, fast_pa
     assert capsys.readouterr().err == ("error: -p MODE='full': MODE is set by --mode, not by -p; "
                                        "drop -p MODE and use --mode full\n")
     assert not out.exists()
+
+
+def test_each_notebook_gets_the_cores_others_leave_free_and_the_report_says_so(
+        tmp_path, two_notebooks, monkeypatch):
+    """Run times depend on who else uses the cores: each notebook's torch gets the free ones
+    (OMP_NUM_THREADS in its kernel's environment) and the report records them with the load."""
+    import papermill
+
+    samples = iter([(100, 400), (250, 600)] * 2)  # 150 of 200 jiffies busy: 3 of 4 cores
+    monkeypatch.setattr(course, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(course.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(course.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    monkeypatch.setattr(course.os, "getloadavg", lambda: (2.5, 2.0, 1.5))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    seen = []
+
+    def execute_notebook(source, output, **_):
+        seen.append(os.environ.get("OMP_NUM_THREADS"))
+        Path(output).write_text(Path(source).read_text())
+
+    monkeypatch.setattr(papermill, "execute_notebook", execute_notebook)
+    done = course.run_course(two_notebooks, tmp_path / "out", mode="small", echo=lambda *a, **k: None)
+    assert seen == ["1", "1"] and os.environ.get("OMP_NUM_THREADS") is None
+    share = done.runs[0].cpu
+    assert (share.cores, round(share.busy, 2), share.load_1min, share.threads) == (4, 3.0, 2.5, 1)
+    assert "1 thread(s) of 4 cores (3.0 busy, load 2.50)" in done.report.read_text()
+
+
+def test_a_thread_count_the_learner_set_is_kept(monkeypatch):
+    monkeypatch.setattr(course, "_cpu_times", lambda: None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    share = course.cpu_share()
+    assert share.threads == 3 and share.threads_set_by_user and share.busy is None
+    assert share.describe().startswith("3 thread(s) (OMP_NUM_THREADS) of ")
+    monkeypatch.setenv("OMP_NUM_THREADS", "")
+    assert course.cpu_share().threads == share.cores  # nothing measured: every core

@@ -9,9 +9,13 @@ import time
 import pytest
 import torch
 
-from moe_tutorial.moe.config import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from moe_tutorial.moe.config import MoEConfig
 from moe_tutorial.train.data import (
+    BOS_ID,
     DEFAULT_FASTA,
+    EOS_ID,
+    PAD_ID,
+    VOCAB_SIZE,
     FastaFormatError,
     FastaRecord,
     ProteinTokenizer,
@@ -45,7 +49,7 @@ def cath():
 
 def test_vocabulary():
     tok = ProteinTokenizer()
-    assert VOCAB_SIZE == tok.vocab_size == 24
+    assert VOCAB_SIZE == tok.vocab_size == MoEConfig().vocab_size == 24  # the models embed it
     assert (PAD_ID, BOS_ID, EOS_ID) == (0, 1, 2)
     tokens = ("<pad>", "<bos>", "<eos>", "A", "Y", "X")
     assert [tok.token_to_id(t) for t in tokens] == [0, 1, 2, 3, 22, 23]

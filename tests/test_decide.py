@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from moe_tutorial.perf import decide, results, widgets
+from moe_tutorial import display
+from moe_tutorial.perf import decide, results
 from moe_tutorial.perf.bench import ExpertShape
 from moe_tutorial.precision import hardware
 
@@ -267,7 +268,7 @@ def test_show_decision_draws_a_heat_map_and_a_table(capsys):
 
 
 def test_without_plotly_the_table_only(monkeypatch, capsys):
-    monkeypatch.setattr(widgets, "plotly_go", lambda: None)
+    monkeypatch.setattr(display, "plotly_go", lambda: None)
     rows = _rows(grouped={(64, 4, 16): 2.0})
     assert decide.show_decision(rows, title="my title") is None
     out = capsys.readouterr().out

@@ -30,7 +30,7 @@ from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.model import MoEForCausalLM, is_expert_parameter
 from moe_tutorial.parallel import dist_checkpoint, distributed, ranks
-from moe_tutorial.perf.train_dist import _global_batch
+from moe_tutorial.perf.dist_model import global_batch
 from moe_tutorial.precision.quant import rel_error
 from moe_tutorial.train.checkpoint import CheckpointError
 from moe_tutorial.train.loop import TrainSettings, learning_rate, make_optimizer, train_step
@@ -62,7 +62,7 @@ def _step(model, optimizer, step: int) -> float:
     """Training step `step` (0-based) on this rank's share of the step's global batch, at the
     schedule's learning rate; the global batch's loss (the mean over ranks)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    ids = _global_batch(CONFIG, 1, GLOBAL_BATCH, SEQ_LEN, "cpu", seed=step).chunk(world)[rank]
+    ids = global_batch(CONFIG, 1, GLOBAL_BATCH, SEQ_LEN, "cpu", seed=step).chunk(world)[rank]
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(step, SETTINGS)
     loss = train_step(model, (ids, next_token_targets(ids)), optimizer, grad_clip=None).loss

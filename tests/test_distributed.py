@@ -59,7 +59,7 @@ def test_starving_experts_keeps_every_router_of_the_model_off_them():
     model = MoEForCausalLM(preset("tiny"))
     hidden = torch.randn(64, model.config.hidden_size)
     starved = [0, 1]
-    with train_dist.starve_experts(starved):
+    with train_dist.starve_experts(starved, model):
         chosen = {e for layer in model.model.layers
                   for e in layer.mlp.gate(hidden).indices.flatten().tolist()}
     assert chosen and not chosen & set(starved), chosen

@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from tools import docs
+from tools import benchmarks_page, chapter_clock, doc_results, docs
 from tools.docs import main
 
 BENCHMARKS = "docs/benchmarks.md"
 
 
 def _region(text: str, name: str) -> re.Match:
-    return next(m for m in docs._REGION.finditer(text) if m["name"] == name)
+    return next(m for m in doc_results.REGION.finditer(text) if m["name"] == name)
 
 
 def test_the_committed_documents_agree_with_the_results(capsys):
@@ -67,7 +67,7 @@ def test_a_hand_edited_chart_fails_the_check_and_docs_redraws_it(copy_root, caps
 
 
 def test_the_chart_is_drawn_from_the_file_with_its_gpu_and_versions():
-    report = docs._load("h200.json")
+    report = doc_results.load_result("h200.json")
     env, chart = report["environment"], docs.train_step_chart()
     for version in (env["gpu"], env["torch"], env["transformer_engine"], env["cuda"]):
         assert version in chart
@@ -75,7 +75,7 @@ def test_the_chart_is_drawn_from_the_file_with_its_gpu_and_versions():
     assert chart.count("<rect") == len(steps) + 1 + 3  # background, one bar each, legend
     for row in steps:
         assert f"{row['median_ms']:.1f} ms" in chart
-    best = docs._train_rows(report)[report["summary"]["train_step_best_variant"]]
+    best = benchmarks_page._train_rows(report)[report["summary"]["train_step_best_variant"]]
     assert f'font-weight="bold">{best["median_ms"]:.1f} ms' in chart
 
 
@@ -124,15 +124,15 @@ def test_links_are_written_from_the_document_that_holds_the_region():
 
 
 def test_mfu_of_fp8_rows_uses_the_fp8_peak_when_the_run_recorded_one():
-    old = docs._load("h200_cudnn_attention_rope.json")  # written before bench measured FP8 peaks
+    old = doc_results.load_result("h200_cudnn_attention_rope.json")  # written before bench measured FP8 peaks
     fp8_rows = [r for r in old["results"] if r["part"] == "train" and r["variant"].endswith("_fp8")]
-    assert "not measured" in docs.train_step_table(old)
+    assert "not measured" in benchmarks_page.train_step_table(old)
     new = copy.deepcopy(old)
     new.update(dense_fp8_tflops_measured=1500.0, datasheet_fp8_tflops=2000.0)
     for row in new["results"]:
         if row["part"] == "train":
             row["precision"] = "fp8" if row["variant"].endswith("_fp8") else "bf16"
-    table = docs.train_step_table(new)
+    table = benchmarks_page.train_step_table(new)
     assert "not measured" not in table
     for row in fp8_rows:  # own-precision MFU against FP8, then against bf16 (measured / datasheet)
         own = f"{100 * row['tflops'] / 1500:.1f}% / {100 * row['tflops'] / 2000:.1f}%"
@@ -168,7 +168,7 @@ def _work_of_source(work):
 def test_reading_minutes_counts_prose_and_code(tmp_path, words, code_lines, minutes):
     code = "\n".join(["x = 1", "", "# a comment, not counted", "   "] * code_lines)
     path = _notebook(tmp_path / "01_x.ipynb", " ".join(["word"] * words), code)
-    assert docs.reading_minutes(path) == minutes
+    assert chapter_clock.reading_minutes(path) == minutes
 
 
 def _tiny_chapter(folder):
@@ -208,45 +208,45 @@ def _with_outputs(path):
 def test_the_clock_on_a_tiny_notebook(tmp_path):
     """The written method, applied: every count the clock reads, and the minutes they give."""
     chapter = _tiny_chapter(tmp_path)
-    work = docs.notebook_work(chapter)
+    work = chapter_clock.notebook_work(chapter)
     assert _work_of_source(work) == (400 + 2, 20, 1, 1)  # "a figure": two words of alt text
-    assert docs.printed_output(_with_outputs(chapter)) == (4 + 4 + 3 + 1, 1)
+    assert chapter_clock.printed_output(_with_outputs(chapter)) == (4 + 4 + 3 + 1, 1)
     run = {"notebook": "01_tiny", "seconds": 90.0, "printed_words": 400, "printed_figures": 1}
-    work = docs.chapter_work(chapter, run)
+    work = chapter_clock.chapter_work(chapter, run)
     parts = work.parts()
-    assert parts["prose"] == pytest.approx(402 / docs.PROSE_WORDS_PER_MINUTE)
-    assert parts["printed output"] == pytest.approx(400 / docs.PRINTED_WORDS_PER_MINUTE)
-    assert parts["code"] == pytest.approx(20 / docs.CODE_LINES_PER_MINUTE)
+    assert parts["prose"] == pytest.approx(402 / chapter_clock.PROSE_WORDS_PER_MINUTE)
+    assert parts["printed output"] == pytest.approx(400 / chapter_clock.PRINTED_WORDS_PER_MINUTE)
+    assert parts["code"] == pytest.approx(20 / chapter_clock.CODE_LINES_PER_MINUTE)
     assert parts["run"] == pytest.approx(1.5)
-    assert parts["predictions"] == docs.MINUTES_PER_PREDICTION
-    assert parts["figures"] == 2 * docs.MINUTES_PER_FIGURE  # the markdown's and the run's
+    assert parts["predictions"] == chapter_clock.MINUTES_PER_PREDICTION
+    assert parts["figures"] == 2 * chapter_clock.MINUTES_PER_FIGURE  # the markdown's and the run's
     # 2.01 + 2 + 2 + 1.5 + 2 + 1 = 10.51 minutes, stated as 10
     assert work.exact_minutes() == pytest.approx(11.3647, abs=1e-3)
     assert work.minutes() == 10
-    assert docs.chapter_work(chapter, {**run, "seconds": 240.0}).minutes() == 15  # 13.01
+    assert chapter_clock.chapter_work(chapter, {**run, "seconds": 240.0}).minutes() == 15  # 13.01
     # A run of this very version, or one recorded before runs kept a digest, is not stale; a
     # run of an earlier version is, and says so.
     assert not work.stale
-    assert not docs.chapter_work(chapter, {**run, "source_digest": docs.source_digest(chapter)}).stale
-    assert docs.chapter_work(chapter, {**run, "source_digest": "an earlier one"}).stale
+    assert not chapter_clock.chapter_work(chapter, {**run, "source_digest": chapter_clock.source_digest(chapter)}).stale
+    assert chapter_clock.chapter_work(chapter, {**run, "source_digest": "an earlier one"}).stale
 
 
 def test_a_notebooks_digest_ignores_what_a_run_and_docs_add(tmp_path):
     chapter = _tiny_chapter(tmp_path)
     nb = json.loads(chapter.read_text())
     header = nb["cells"][0]["source"][0]
-    nb["cells"][0]["source"] = [header + "\n" + docs._block("chapter-time", "*about 5 min*")]
+    nb["cells"][0]["source"] = [header + "\n" + doc_results.region_block("chapter-time", "*about 5 min*")]
     chapter.write_text(json.dumps(nb))
-    digest = docs.source_digest(chapter)
+    digest = chapter_clock.source_digest(chapter)
     # Executed: the parameters papermill injects, outputs, the region's text rewritten by docs
-    nb["cells"][0]["source"] = [header + "\n" + docs._block("chapter-time", "*about 10 min*")]
+    nb["cells"][0]["source"] = [header + "\n" + doc_results.region_block("chapter-time", "*about 10 min*")]
     nb["cells"].insert(1, {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]},
                            "source": ["MODE = 'small'"], "outputs": [], "execution_count": 1})
     chapter.write_text(json.dumps(_with_outputs_of(nb)))
-    assert docs.source_digest(chapter) == digest
+    assert chapter_clock.source_digest(chapter) == digest
     nb["cells"][2]["source"] = ["x = 2"]  # an edit of the chapter
     chapter.write_text(json.dumps(nb))
-    assert docs.source_digest(chapter) != digest
+    assert chapter_clock.source_digest(chapter) != digest
 
 
 def _with_outputs_of(nb):
@@ -259,7 +259,7 @@ def _with_outputs_of(nb):
 def test_an_exercise_counts_what_the_learner_reads_and_what_they_write(tmp_path, monkeypatch):
     exercises, solutions = tmp_path / "exercises", tmp_path / "solutions"
     exercises.mkdir(), solutions.mkdir()
-    monkeypatch.setattr(docs, "SOLUTIONS", solutions)
+    monkeypatch.setattr(chapter_clock, "SOLUTIONS", solutions)
     solved = ("def f(x):\n    ### BEGIN SOLUTION\n    ### HINT: add one\n    return x + 1\n"
               "    ### END SOLUTION\n\ndef g(x):\n    ### BEGIN SOLUTION\n    ### HINT: double\n"
               "    return 2 * x\n    ### END SOLUTION")
@@ -271,7 +271,7 @@ def test_an_exercise_counts_what_the_learner_reads_and_what_they_write(tmp_path,
     stubbed = ("def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError('add one')\n\n"
                "def g(x):\n    # YOUR CODE HERE\n    raise NotImplementedError('double')")
     exercise = _notebook(exercises / "01_ex.ipynb", "Why? " * 300, stubbed)
-    work = docs.exercise_work(exercise)
+    work = chapter_clock.exercise_work(exercise)
     assert (work.prose_words, work.code_lines, work.functions, work.open_questions) == (300, 4, 2, 1)
     # 1.5 + 0.4 + 2 × 10 + 3 = 24.9 minutes, stated as 25
     assert work.exact_minutes() == pytest.approx(25.2647, abs=1e-3) and work.minutes() == 25
@@ -288,13 +288,13 @@ def test_an_exercises_optional_section_is_timed_apart(tmp_path, monkeypatch):
     exercise's last section is counted by the same rates, but apart: not in its minutes."""
     exercises, solutions = tmp_path / "exercises", tmp_path / "solutions"
     exercises.mkdir(), solutions.mkdir()
-    monkeypatch.setattr(docs, "SOLUTIONS", solutions)
+    monkeypatch.setattr(chapter_clock, "SOLUTIONS", solutions)
 
     def notebook(task, optional_task):
         cells = [_cell("markdown", "## 1. A task\n\n" + "Why? " * 200), _cell("code", task),
                  _cell("markdown", "## Open question\n\nWhy?"),
                  _cell("markdown", "A model answer.", ["answer"]),
-                 _cell("markdown", docs.OPTIONAL_SECTION + "\n\n" + "More? " * 400),
+                 _cell("markdown", chapter_clock.OPTIONAL_SECTION + "\n\n" + "More? " * 400),
                  _cell("markdown", "### A heading inside the section"),
                  _cell("code", optional_task + "\nprint(g(1))"),
                  _cell("markdown", "A model answer.", ["answer"]),
@@ -307,7 +307,7 @@ def test_an_exercises_optional_section_is_timed_apart(tmp_path, monkeypatch):
     (solutions / "01_ex.ipynb").write_text(json.dumps(notebook(solved, solved.replace("f(", "g("))))
     exercise = exercises / "01_ex.ipynb"
     exercise.write_text(json.dumps(notebook(stub, stub.replace("f(", "g("))))
-    work = docs.exercise_work(exercise)
+    work = chapter_clock.exercise_work(exercise)
     # the exercise: 3 + 200 + 3 + 3 + 2 words (the score's heading ends the optional section), 2 + 1
     # code lines, one function, one open question: 211/170 + 3/8 + 10 + 3 = 14.616 min, stated as 15
     assert (work.prose_words, work.code_lines, work.functions, work.open_questions) == (211, 3, 1, 1)
@@ -321,84 +321,84 @@ def test_an_exercises_optional_section_is_timed_apart(tmp_path, monkeypatch):
 
 
 def test_the_tables_state_an_exercises_optional_section_apart(monkeypatch):
-    extra = docs.Work(prose_words=340, functions=1)  # 340/170 + 10 = 12 minutes, stated as 10
-    real = docs.exercise_work
+    extra = chapter_clock.Work(prose_words=340, functions=1)  # 340/170 + 10 = 12 minutes, stated as 10
+    real = chapter_clock.exercise_work
 
     def with_extra(exercise):
         work = real(exercise)
         return replace(work, optional=extra) if exercise.stem.startswith("02_") else work
 
-    monkeypatch.setattr(docs, "exercise_work", with_extra)
-    table = docs.chapter_times()
+    monkeypatch.setattr(chapter_clock, "exercise_work", with_extra)
+    table = chapter_clock.chapter_times()
     row = next(line for line in table.splitlines() if "[02_grouped_linear]" in line)
-    assert f"{real(docs.exercise_of(docs.NOTEBOOKS / '02_grouped_linear.ipynb')).minutes()} min " \
+    assert f"{real(chapter_clock.exercise_of(chapter_clock.NOTEBOOKS / '02_grouped_linear.ipynb')).minutes()} min " \
            "(+ 10 min optional) |" in row
-    counted = [docs.exercise_of(n) for n in docs.chapter_notebooks()
-               if n.stem not in docs.OPTIONAL_NOTEBOOKS]
+    counted = [chapter_clock.exercise_of(n) for n in chapter_clock.chapter_notebooks()
+               if n.stem not in chapter_clock.OPTIONAL_NOTEBOOKS]
     works = [with_extra(e) for e in counted if e is not None]
     total = next(line for line in table.splitlines() if line.startswith("| **in all**"))
-    assert (f"**{docs._hours(sum(w.minutes() for w in works))}** (+ "
-            f"{docs._hours(sum(w.optional.minutes() for w in works if w.optional))} optional) |"
+    assert (f"**{chapter_clock._hours(sum(w.minutes() for w in works))}** (+ "
+            f"{chapter_clock._hours(sum(w.optional.minutes() for w in works if w.optional))} optional) |"
             in total)
     assert "*Going further (optional)*, is timed apart" in table
-    clock = docs.clock_table()
+    clock = chapter_clock.clock_table()
     assert "| 02_permute_and_grouped_gemm, going further (optional) | 340 | 0 | 1 | 0 | 0 | 0 | " \
            "12.0 → **10** |" in clock
 
 
 def test_the_chapter_table_states_chapters_and_exercises_apart_with_totals():
-    run = docs._load(docs.COURSE_RUN)
-    table = docs.chapter_times()
+    run = doc_results.load_result(chapter_clock.COURSE_RUN)
+    table = chapter_clock.chapter_times()
     runs = {r["notebook"]: r for r in run["runs"]}
-    counted = [n for n in docs.chapter_notebooks() if n.stem not in docs.OPTIONAL_NOTEBOOKS]
+    counted = [n for n in chapter_clock.chapter_notebooks() if n.stem not in chapter_clock.OPTIONAL_NOTEBOOKS]
     chapters = exercises = extras = 0
-    for notebook in docs.chapter_notebooks():
+    for notebook in chapter_clock.chapter_notebooks():
         row = next(line for line in table.splitlines() if f"[{notebook.stem}]" in line)
-        assert docs.CHAPTER_LESSONS[notebook.stem] in row
-        work = docs.chapter_work(notebook, runs.get(notebook.stem))
+        assert chapter_clock.CHAPTER_LESSONS[notebook.stem] in row
+        work = chapter_clock.chapter_work(notebook, runs.get(notebook.stem))
         assert f"| {work.minutes()} min" in row
-        exercise = docs.exercise_of(notebook)
+        exercise = chapter_clock.exercise_of(notebook)
         if exercise is not None:
-            done = docs.exercise_work(exercise)
+            done = chapter_clock.exercise_work(exercise)
             optional = f" (+ {done.optional.minutes()} min optional)" if done.optional else ""
             assert f"[{exercise.stem}](exercises/{exercise.name}): " \
                    f"{done.minutes()} min{optional} |" in row
         if notebook in counted and exercise is not None:
-            done = docs.exercise_work(exercise)
+            done = chapter_clock.exercise_work(exercise)
             exercises += done.minutes()
             extras += done.optional.minutes() if done.optional else 0
         if notebook in counted:
             chapters += work.minutes()
     total = sum(runs[n.stem]["seconds"] for n in counted)
-    optional = f" (+ {docs._hours(extras)} optional)" if extras else ""
-    assert (f"| **{docs._hours(chapters)}** | **{docs._hours(exercises)}**{optional} | "
-            f"**{docs._duration(total)}** |") in table
+    optional = f" (+ {chapter_clock._hours(extras)} optional)" if extras else ""
+    assert (f"| **{chapter_clock._hours(chapters)}** | **{chapter_clock._hours(exercises)}**{optional} | "
+            f"**{chapter_clock._duration(total)}** |") in table
     assert run["environment"]["torch"] in table
 
 
 def test_an_optional_deep_dive_is_listed_after_the_total_and_not_counted(tmp_path, monkeypatch):
-    for notebook in docs.chapter_notebooks():
+    for notebook in chapter_clock.chapter_notebooks():
         shutil.copy(notebook, tmp_path / notebook.name)
-    monkeypatch.setattr(docs, "NOTEBOOKS", tmp_path)
-    before = docs.chapter_times()
-    deep_dive = next(iter(docs.OPTIONAL_NOTEBOOKS))
+    monkeypatch.setattr(chapter_clock, "NOTEBOOKS", tmp_path)
+    before = chapter_clock.chapter_times()
+    deep_dive = next(iter(chapter_clock.OPTIONAL_NOTEBOOKS))
     _notebook(tmp_path / f"{deep_dive}.ipynb", " ".join(["word"] * 3000), "x = 1")
-    after = docs.chapter_times().splitlines()
+    after = chapter_clock.chapter_times().splitlines()
     total = next(i for i, line in enumerate(after) if line.startswith("| **in all**"))
     assert after[total] in before.splitlines()  # the same totals
     assert after[total + 1].startswith(f"| [{deep_dive}](notebooks/{deep_dive}.ipynb) | Optional")
-    work = docs.chapter_work(tmp_path / f"{deep_dive}.ipynb", docs._runs().get(deep_dive))
+    work = chapter_clock.chapter_work(tmp_path / f"{deep_dive}.ipynb", chapter_clock._runs().get(deep_dive))
     assert work.minutes() >= 15 and f"| {work.minutes()} min" in after[total + 1]
 
 
 def test_the_check_fails_when_a_chapter_or_an_exercise_changes_without_docs(copy_root, tmp_path,
                                                                             monkeypatch, capsys):
     chapters, exercises = tmp_path / "chapters", tmp_path / "exercises"
-    committed = docs.NOTEBOOKS / "01_naive_moe.ipynb"
-    shutil.copytree(docs.NOTEBOOKS, chapters)
-    shutil.copytree(docs.EXERCISES, exercises)
-    monkeypatch.setattr(docs, "NOTEBOOKS", chapters)
-    monkeypatch.setattr(docs, "EXERCISES", exercises)
+    committed = chapter_clock.NOTEBOOKS / "01_naive_moe.ipynb"
+    shutil.copytree(chapter_clock.NOTEBOOKS, chapters)
+    shutil.copytree(chapter_clock.EXERCISES, exercises)
+    monkeypatch.setattr(chapter_clock, "NOTEBOOKS", chapters)
+    monkeypatch.setattr(chapter_clock, "EXERCISES", exercises)
     assert main(["--check", "--root", str(copy_root)]) == 0, capsys.readouterr().err
     _notebook(chapters / "01_naive_moe.ipynb", " ".join(["word"] * 6000), "x = 1")
     assert main(["--check", "--root", str(copy_root)]) == 1
@@ -425,7 +425,8 @@ def _executed(folder, name, mode="small", duration=12.3, exception=None):
 def results_dir(tmp_path, monkeypatch):
     folder = tmp_path / "results"
     folder.mkdir()
-    monkeypatch.setattr(docs, "RESULTS", folder)
+    monkeypatch.setattr(doc_results, "RESULTS", folder)
+    monkeypatch.setattr(chapter_clock, "RESULTS", folder)  # where a recorded run is written
     return folder
 
 
@@ -443,7 +444,7 @@ def test_record_run_writes_each_notebooks_time_with_the_machine(tmp_path, result
                                                                      ("01_naive_moe", 60.0)]
     # What each notebook printed, for the clock (`_with_outputs`: 12 words, one figure)
     assert {(r["printed_words"], r["printed_figures"]) for r in record["runs"]} == {(12, 1)}
-    assert record["runs"][0]["source_digest"] == docs.source_digest(run / "00_setup.ipynb")
+    assert record["runs"][0]["source_digest"] == chapter_clock.source_digest(run / "00_setup.ipynb")
     assert record["mode"] == "small" and record["total_s"] == 72.3
     for key in ("torch", "python", "cpu_count", "cpu_model", "date"):
         assert key in record["environment"]
@@ -507,8 +508,8 @@ def test_the_readmes_first_45_lines_say_what_a_newcomer_needs():
                    "| CPU |", "| Hopper", "| Blackwell",  # what each kind of hardware gets
                    "chapter time", "its exercise", "**in all**"):  # how long it takes
         assert needed in first, needed
-    for notebook in docs.chapter_notebooks():  # what each chapter teaches, and its times
-        if notebook.stem not in docs.OPTIONAL_NOTEBOOKS:  # those come after the total
+    for notebook in chapter_clock.chapter_notebooks():  # what each chapter teaches, and its times
+        if notebook.stem not in chapter_clock.OPTIONAL_NOTEBOOKS:  # those come after the total
             assert f"[{notebook.stem}]" in first, notebook.stem
 
 
@@ -573,19 +574,19 @@ def test_a_chapter_header_gets_its_reading_and_run_time_and_the_check_sees_drift
     assert main(["--check", "--root", str(notebooks_root)]) == 0, capsys.readouterr().err
     filled = chapter.read_text(encoding="utf-8")
     header = docs._header(filled)
-    run = docs._load(docs.COURSE_RUN)
-    entry = docs._runs()["01_naive_moe"]
-    work = docs.chapter_work(chapter, entry)
-    exercise = docs.exercise_of(chapter)
+    run = doc_results.load_result(chapter_clock.COURSE_RUN)
+    entry = chapter_clock._runs()["01_naive_moe"]
+    work = chapter_clock.chapter_work(chapter, entry)
+    exercise = chapter_clock.exercise_of(chapter)
     assert (f"Time: about {work.minutes()} min to read, run and predict; its exercise, "
-            f"`{exercise.stem}`, about {docs.exercise_work(exercise).minutes()} min") in header
+            f"`{exercise.stem}`, about {chapter_clock.exercise_work(exercise).minutes()} min") in header
     assert (f"run ({run['mode']} mode, {run['environment']['cpu_count']} CPU cores): "
-            f"{docs._duration(entry['seconds'])}") in header
+            f"{chapter_clock._duration(entry['seconds'])}") in header
     # Only the region's lines changed; the rest of the file keeps its layout byte for byte.
     added = [line for line in filled.splitlines() if line not in empty.splitlines()]
     assert len(added) == 1 and "Time: about" in added[0]
     # The region's own words do not count: the time it states does not move the time it states
-    assert docs.notebook_work(chapter) == docs.notebook_work(docs.ROOT / "notebooks" / chapter.name)
+    assert chapter_clock.notebook_work(chapter) == chapter_clock.notebook_work(docs.ROOT / "notebooks" / chapter.name)
     chapter.write_text(filled.replace("Time: about", "Time: roughly"), encoding="utf-8")
     assert main(["--check", "--root", str(notebooks_root)]) == 1
     # The other chapters have no region: left as they are.
@@ -605,10 +606,10 @@ def test_a_chapter_time_marker_without_its_partner_is_one_line_naming_the_fix(no
 
 
 def test_reading_minutes_leave_out_generated_regions(tmp_path):
-    region = docs._block("chapter-time", " ".join(["word"] * 500))
+    region = doc_results.region_block("chapter-time", " ".join(["word"] * 500))
     plain = _notebook(tmp_path / "01_a.ipynb", " ".join(["word"] * 1000))
     with_region = _notebook(tmp_path / "01_b.ipynb", " ".join(["word"] * 1000) + "\n" + region)
-    assert docs.reading_minutes(plain) == docs.reading_minutes(with_region) == 5
+    assert chapter_clock.reading_minutes(plain) == chapter_clock.reading_minutes(with_region) == 5
 
 
 def test_each_not_adopted_candidate_names_a_commit_that_has_its_code_and_rows():
@@ -621,7 +622,7 @@ def test_each_not_adopted_candidate_names_a_commit_that_has_its_code_and_rows():
 
     body = _region((docs.ROOT / BENCHMARKS).read_text(), "not-adopted")["body"]
     code = {"_step_in_backward": "class StepInBackward"}  # what the commit must still hold
-    for suffix, _, commit in docs.NOT_ADOPTED:
+    for suffix, _, commit in benchmarks_page.NOT_ADOPTED:
         shown = subprocess.run(["git", "show", f"{commit}:moe_tutorial/train/loop.py"],
                                cwd=docs.ROOT, capture_output=True, text=True)
         if shown.returncode != 0 and "unknown revision" in shown.stderr:
@@ -630,7 +631,7 @@ def test_each_not_adopted_candidate_names_a_commit_that_has_its_code_and_rows():
         assert f"commit `{commit}`" in body
         shown_rows = 0
         for _, report in committed_train_runs():
-            train = docs._train_rows(report)
+            train = benchmarks_page._train_rows(report)
             for name, row in train.items():
                 if name.endswith(suffix) and name.removesuffix(suffix) in train:
                     shown_rows += 1

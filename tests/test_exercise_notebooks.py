@@ -17,7 +17,7 @@ from notebook_conventions import (
     tagged,
 )
 
-from moe_tutorial.course import runner as course
+from moe_tutorial.course import exercise_build as course
 
 FOLDERS = ("solutions", "exercises")
 NOTEBOOKS = [p for folder in FOLDERS for p in sorted((ROOT / folder).glob("[0-9][0-9]_*.ipynb"))]

@@ -1,10 +1,10 @@
-"""perf/expert_sweep.py: the backends chapter 02 checks, times and quotes."""
+"""course/expert_sweep.py: the backends chapter 02 checks, times and quotes."""
 
 import math
 
 import pytest
 
-from moe_tutorial.perf import expert_sweep
+from moe_tutorial.course import expert_sweep
 
 SIZES = dict(hidden=32, intermediate=64, top_k=2, dtype="float32", device="cpu")
 

@@ -9,6 +9,8 @@ from moe_tutorial.precision.hardware import (
     capabilities,
     evaluate,
     fake_environment,
+    simulated_gpu,
+    te_recipe_gates,
 )
 
 
@@ -85,8 +87,10 @@ def test_grouped_mm_is_one_kernel_on_compute_capability_9_and_10_only():
 
 
 def test_unknown_fake_kind():
-    with pytest.raises(ValueError, match="cpu, hopper, blackwell or rtx_blackwell"):
+    with pytest.raises(ValueError, match="choose cpu, ampere, ampere_rtx, ada, hopper, blackwell"):
         fake_environment("tpu")
+    with pytest.raises(ValueError, match=r"compute capability \(7, 5\); choose one of 8.0, 8.6"):
+        simulated_gpu((7, 5))
 
 
 def test_rtx_blackwell_runs_no_mxfp8_and_no_fused_mlp():
@@ -103,3 +107,60 @@ def test_rtx_blackwell_runs_no_mxfp8_and_no_fused_mlp():
 def test_fused_mlp_env_is_read_as_te_reads_it(value, enabled):
     from moe_tutorial.precision.hardware import fused_mlp_env_enabled
     assert fused_mlp_env_enabled(value) is enabled
+
+
+# What TE 2.20.2 itself answers, per compute capability (quantization.py's _compute_*_support),
+# and so what each GPU generation runs: (native features, expected fallback reasons).
+GENERATIONS = {
+    (8, 0): (set(), {"fp8_current": "8.9 or higher required for FP8"}),
+    (8, 6): (set(), {"fp8_current": "8.9 or higher required for FP8"}),
+    (8, 9): ({"fp8_current", "fp8_delayed"},
+             {"fp8_block": "compute capability 9.0 or higher", "mxfp8": "10.0 or higher"}),
+    (9, 0): ({"grouped_mm", "fp8_current", "fp8_delayed", "fp8_block"},
+             {"mxfp8": "10.0 or higher"}),
+    (10, 0): ({"grouped_mm", "fp8_current", "fp8_delayed", "fp8_block", "mxfp8"}, {}),
+}
+TE_ON_ANY_GPU = {"te_grouped_linear", "te_ops_grouped_mlp"}  # bf16: Ampere and newer
+
+
+@pytest.mark.parametrize("cc", list(GENERATIONS), ids=lambda cc: f"sm_{cc[0]}{cc[1]}")
+def test_each_gpu_generation_runs_what_tes_own_gates_allow(cc):
+    native, reasons = GENERATIONS[cc]
+    caps = evaluate(simulated_gpu(cc))
+    assert {k for k in FEATURES if caps.is_native(k)} == native | TE_ON_ANY_GPU
+    for key, words in reasons.items():
+        assert caps[key].status == FALLBACK and words in caps[key].reason, caps[key]
+    for key in set(FEATURES) - native - TE_ON_ANY_GPU:
+        assert caps[key].reason, f"{key} falls back on sm_{cc[0]}{cc[1]} without saying why"
+
+
+def test_ada_trains_in_te_fp8_only_with_a_cuda_12_1_torch():
+    assert te_recipe_gates((8, 9), "12.1")["fp8"] == (True, "")
+    ok, reason = te_recipe_gates((8, 9), "12.0")["fp8"]
+    assert not ok and reason == "Cuda version 12.1 or higher required for FP8 execution on Ada."
+    assert not te_recipe_gates((9, 0), "12.8")["fp8_block_scaling"][0]  # block scaling: 12.9+
+    assert te_recipe_gates((12, 0), "13.0")["mxfp8"][0] is False
+
+
+@pytest.mark.parametrize("kind, cc", [("ampere", (8, 0)), ("ampere_rtx", (8, 6)), ("ada", (8, 9)),
+                                      ("hopper", (9, 0)), ("blackwell", (10, 0))])
+def test_every_chapter_says_what_runs_on_each_gpu(kind, cc):
+    caps = evaluate(fake_environment(kind))
+    assert caps.env.compute_capability == cc
+    plan = caps.chapters()
+    assert list(plan) == [f"0{i}_{name}" for i, name in enumerate(
+        ["naive_moe", "grouped_linear", "fp8_numerics", "fp8_training", "fused_grouped_mlp",
+         "end_to_end", "expert_parallel", "your_model"], start=1)]
+    assert plan["01_naive_moe"] == "plain PyTorch: runs as written"
+    assert "native: te.ops grouped MLP" in plan["05_fused_grouped_mlp"]
+    fp8 = plan["04_fp8_training"]
+    if cc < (8, 9):  # Ampere: TE in bf16, every FP8 recipe emulated
+        assert "native" not in fp8 and "FP8 numerics emulated" in fp8
+        assert "torch._grouped_mm's own loop" in plan["02_grouped_linear"]
+    elif cc == (8, 9):  # Ada: TE's per-tensor FP8 recipes, block scaling emulated
+        assert fp8.startswith("native: TE FP8 current scaling, TE FP8 delayed scaling;")
+        assert "TE FP8 block scaling -> FP8 numerics emulated" in fp8
+    else:
+        assert "TE FP8 block scaling" in fp8.split("; instead")[0]
+    if cc == (10, 0):
+        assert "instead" not in fp8 and "native: " in plan["05_fused_grouped_mlp"]

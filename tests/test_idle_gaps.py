@@ -12,7 +12,7 @@ import torch
 from moe_tutorial.cli import main
 from moe_tutorial.perf import idle_gaps
 from moe_tutorial.perf.idle_gaps import AFTER_SYNC, HOST_BEHIND, SHORT, IdleGaps
-from moe_tutorial.perf.step_profile import _Kernel
+from moe_tutorial.perf.step_parts import Kernel
 
 TE_BACKWARD = ("/usr/lib/python3/site-packages/transformer_engine/pytorch/ops/basic/"
                "grouped_linear.py(1540): fuser_backward")
@@ -44,8 +44,8 @@ def _step():
         "/home/me/course/moe_tutorial/moe/model.py(10): forward",
         "torch/nn/modules/module.py(1782): _call_impl"))
     final = _event("cudaDeviceSynchronize", 396, 560, id=4)
-    kernels = [_Kernel("a", 0, 100, 0), _Kernel("b", 180, 250, 0), _Kernel("c", 250, 290, 0),
-               _Kernel("d", 295, 300, 0), _Kernel("e", 400, 500, 3)]
+    kernels = [Kernel("a", 0, 100, 0), Kernel("b", 180, 250, 0), Kernel("c", 250, 290, 0),
+               Kernel("d", 295, 300, 0), Kernel("e", 400, 500, 3)]
     return kernels, [tolist, wait, launch, final]
 
 
@@ -65,8 +65,8 @@ def test_each_gap_is_charged_to_what_the_gpu_waited_for():
 
 
 def test_results_are_per_step_and_overlapping_kernels_are_busy_once():
-    kernels = [_Kernel("a", 0, 100, 0), _Kernel("b", 50, 150, 0),  # two streams overlap
-               _Kernel("c", 250, 300, 0)]
+    kernels = [Kernel("a", 0, 100, 0), Kernel("b", 50, 150, 0),  # two streams overlap
+               Kernel("c", 250, 300, 0)]
     gaps = idle_gaps.attribute(kernels, [], steps=2, min_gap_us=20)
     assert gaps.busy_ms == pytest.approx(0.200 / 2) and gaps.idle_ms == pytest.approx(0.100 / 2)
     assert gaps.rows[0]["cause"] == HOST_BEHIND and gaps.rows[0]["gaps"] == 0.5
@@ -82,7 +82,7 @@ def test_without_stacks_the_ops_name_the_place():
 
 
 def test_rows_beyond_the_largest_are_summed_per_cause():
-    kernels = [_Kernel(str(i), 1000 * i, 1000 * i + 10, i + 1) for i in range(20)]
+    kernels = [Kernel(str(i), 1000 * i, 1000 * i + 10, i + 1) for i in range(20)]
     launchers = [_event("aten::mm", 1000 * i - 5, 1000 * i - 1, id=i + 1,
                         parent=_called_from(f"/m/moe_tutorial/moe/model.py({i}): forward"))
                  for i in range(20)]

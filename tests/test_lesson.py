@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from moe_tutorial.course.lesson import setup
-from moe_tutorial.moe.config import MODE_ENV
+from moe_tutorial.course.lesson import MODE_ENV, setup
 from moe_tutorial.precision.hardware import check_device
 
 DEFAULTS = {"small": {"steps": 60, "sizes": [1, 2], "warmup": 2},

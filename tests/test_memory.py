@@ -21,7 +21,7 @@ from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.parallel import distributed, ranks
-from moe_tutorial.perf import memory
+from moe_tutorial.perf import fp8_storage, memory, memory_table
 from moe_tutorial.perf.bench import TRAIN_VARIANTS
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -330,12 +330,12 @@ def test_fp8_adds_weight_copies_that_fsdp_does_not_shard():
 
 
 def test_fp8_storage_follows_te():
-    hopper = memory.fp8_weight_copy_bytes("DelayedScaling", "hopper", "grouped_linear")
-    blackwell = memory.fp8_weight_copy_bytes("DelayedScaling", "blackwell", "grouped_linear")
+    hopper = fp8_storage.fp8_weight_copy_bytes("DelayedScaling", "hopper", "grouped_linear")
+    blackwell = fp8_storage.fp8_weight_copy_bytes("DelayedScaling", "blackwell", "grouped_linear")
     assert (hopper, blackwell) == (2, 1)  # the transposed copy exists on Hopper only
-    assert memory.fp8_weight_copy_bytes("DelayedScaling", "hopper", "ops") == 1
-    assert memory.fp8_activation_bytes("MXFP8BlockScaling", "blackwell") == 1 + 1 / 32
-    assert memory.fp8_activation_bytes("Float8BlockScaling", "hopper") == 1 + 4 / 128
+    assert fp8_storage.fp8_weight_copy_bytes("DelayedScaling", "hopper", "ops") == 1
+    assert fp8_storage.fp8_activation_bytes("MXFP8BlockScaling", "blackwell") == 1 + 1 / 32
+    assert fp8_storage.fp8_activation_bytes("Float8BlockScaling", "hopper") == 1 + 4 / 128
 
 
 def test_phases_and_serialisation():
@@ -350,16 +350,16 @@ def test_phases_and_serialisation():
 
 
 def test_mixtral_table():
-    rows, text = memory.mixtral_8x7b_table(140 * 2**30)
-    assert [(r["engine"], r["dp"], r["ep"]) for r in rows] == list(memory.TABLE_LAYOUTS)
+    rows, text = memory_table.mixtral_8x7b_table(140 * 2**30)
+    assert [(r["engine"], r["dp"], r["ep"]) for r in rows] == list(memory_table.TABLE_LAYOUTS)
     by_layout = {r["layout"]: r for r in rows}
     replicated = by_layout["replicated dp8×ep1"]
     assert not replicated["fits"] and replicated["breaks_on"] == "optimizer_state"
     assert all(r["fits"] for r in rows if r is not replicated)
-    assert all(memory.table_layout_name(r) in text for r in rows) and "NO" in text
+    assert all(memory_table.table_layout_name(r) in text for r in rows) and "NO" in text
     # at dp1 × ep8 the experts are split: the text never calls that layout replicated
     assert "dp1×ep8 no FSDP" in text and "replicated" not in text
-    assert all(sum(r[c] for c in memory.TABLE_COMPONENTS) == r["peak_bytes"] for r in rows)
+    assert all(sum(r[c] for c in memory_table.TABLE_COMPONENTS) == r["peak_bytes"] for r in rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""perf/op_counts.py: the operation counts chapter 01 shows."""
+"""course/op_counts.py: the operation counts chapter 01 shows."""
 
 import torch
 
+from moe_tutorial.course import op_counts
 from moe_tutorial.moe import config
 from moe_tutorial.moe.model import MoEForCausalLM
-from moe_tutorial.perf import op_counts
 from moe_tutorial.train.loop import TrainSettings, make_optimizer, train_step
 
 SIZES = dict(hidden=32, intermediate=32, top_k=2, tokens=64)

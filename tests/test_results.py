@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from moe_tutorial import locations
-from moe_tutorial.perf import results, run_history
+from moe_tutorial.course import run_history
+from moe_tutorial.perf import results
 
 
 @pytest.fixture()

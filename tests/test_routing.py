@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from moe_tutorial.moe import routing
-from moe_tutorial.moe.model import Router, route
+from moe_tutorial.moe.config import preset
+from moe_tutorial.moe.model import MoEForCausalLM, Router, route
 from moe_tutorial.moe.routing import load_balancing_loss, permute, unpermute
 
 
@@ -25,9 +26,10 @@ def test_router_computes_softmax_in_fp32_for_bf16_inputs():
     assert out.weights.dtype == torch.float32 and out.indices.shape == (15, 2)
 
 
-def test_a_sigmoid_router_routes_and_balances_through_the_routing_module(monkeypatch):
-    """Exercise 08 swaps routing.route_sigmoid and routing.update_correction_bias for the
-    learner's and trains the engine with them: the router must look both up in that module."""
+def test_a_models_routers_route_and_balance_with_the_rules_set_routing_gives_them():
+    """Exercise 08 trains the engine with the learner's route_sigmoid and update_correction_bias
+    through `MoEForCausalLM.set_routing`: every router must call them, and None restores the
+    package's own."""
     calls = []
 
     def counted(name):
@@ -38,13 +40,19 @@ def test_a_sigmoid_router_routes_and_balances_through_the_routing_module(monkeyp
             return original(*args)
         return call
 
-    for name in ("route_sigmoid", "update_correction_bias"):
-        monkeypatch.setattr(routing, name, counted(name))
-    router = Router(16, 4, 2, scoring="sigmoid")
-    torch.nn.init.normal_(router.weight)
-    router(torch.randn(5, 16))
-    router.update_correction_bias(0.01)
-    assert calls == ["route_sigmoid", "update_correction_bias"]
+    config = preset("tiny").with_overrides(router="sigmoid", aux_loss_coef=0.0)
+    model = MoEForCausalLM(config).set_routing(counted("route_sigmoid"),
+                                               counted("update_correction_bias"))
+    hidden = torch.randn(5, config.hidden_size)
+    for layer in model.model.layers:
+        layer.mlp.gate.train()(hidden)
+        layer.mlp.gate.update_correction_bias(0.01)
+    assert calls == ["route_sigmoid", "update_correction_bias"] * config.num_layers
+    model.set_routing()
+    model.model.layers[0].mlp.gate(hidden)
+    assert len(calls) == 2 * config.num_layers and model.routing_rule is routing.route_sigmoid
+    with pytest.raises(ValueError, match="rule must be a function"):
+        model.set_routing("route_sigmoid")
 
 
 def test_load_balancing_loss_values():

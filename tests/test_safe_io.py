@@ -1,5 +1,6 @@
 """safe_io: the folder lock and the writes every command shares never go through a link."""
 
+import hashlib
 import os
 
 import pytest
@@ -25,3 +26,31 @@ def test_a_lock_name_that_is_a_link_is_refused_and_its_target_kept(tmp_path):
     with pytest.raises(safe_io.WriteFailed, match="is not a plain file"):
         with safe_io.hold_folder(run, "training run"):
             pass
+
+
+@pytest.mark.parametrize("make", ["link", "fifo", "device", "folder"])
+def test_a_read_of_what_is_no_plain_file_is_refused_before_a_byte_is_read(tmp_path, make):
+    path = tmp_path / "meta.json"
+    if make == "link":
+        path.symlink_to("/dev/zero")
+    elif make == "fifo":
+        os.mkfifo(path)  # an open without O_NONBLOCK would wait for a writer forever
+    elif make == "folder":
+        path.mkdir()
+    else:
+        path = "/dev/zero"
+    with pytest.raises(safe_io.UnsafeRead, match="is a link" if make == "link" else
+                       "is not a plain file"):
+        with safe_io.open_regular(path):
+            pass
+
+
+def test_a_read_larger_than_its_limit_is_refused_and_one_within_is_read_whole(tmp_path):
+    path = tmp_path / "meta.json"
+    path.write_bytes(b"x" * 10)
+    with pytest.raises(safe_io.UnsafeRead, match="holds 10 bytes, more than the 9"):
+        with safe_io.open_regular(path, limit=9):
+            pass
+    with safe_io.open_regular(path, limit=10) as (f, size):
+        assert size == 10 and f.read() == b"x" * 10
+    assert safe_io.sha256_of(path) == hashlib.sha256(b"x" * 10).hexdigest()

@@ -7,9 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from moe_tutorial import display
 from moe_tutorial.moe.config import preset
-from moe_tutorial.perf import bench, step_profile, widgets
-from moe_tutorial.perf.step_profile import IDLE, PARTS, StepBreakdown, part_of
+from moe_tutorial.perf import bench, step_parts, step_profile
+from moe_tutorial.perf.step_parts import IDLE, PARTS, part_of
+from moe_tutorial.perf.step_profile import StepBreakdown
 
 TINY = preset("tiny")
 
@@ -89,8 +91,8 @@ def test_rules_put_real_names_in_their_part(names, part):
 
 
 def test_every_rule_names_a_part():
-    assert {part for part, _ in step_profile.RULES} <= set(PARTS)
-    assert set(step_profile.COLORS) == set(PARTS)
+    assert {part for part, _ in step_parts.RULES} <= set(PARTS)
+    assert set(step_parts.COLORS) == set(PARTS)
 
 
 @pytest.mark.parametrize("names", [(), (3,), ("aten::mm", None)])
@@ -102,7 +104,7 @@ def test_part_of_refuses_what_is_not_names(names):
 # ---------------------------------------------------------------------------------------------
 # Attribution: innermost wins, overlaps share, gaps are idle
 
-Unit = step_profile._Unit
+Unit = step_parts.Unit
 
 
 def test_attribute_nested_ops_overlapping_kernels_and_gaps():
@@ -111,7 +113,7 @@ def test_attribute_nested_ops_overlapping_kernels_and_gaps():
              Unit(12, 16, 0, "attention"),  # two streams overlap on [14, 16]: 1 µs each
              Unit(14, 18, 0, "communication"),
              Unit(25, 40, 0, "optimizer")]  # runs past the region's end: clipped at 30
-    parts = step_profile._attribute(units, 0, 30)
+    parts = step_parts.attribute(units, 0, 30)
     assert parts["GEMMs"] == 8 and parts["permutation"] == 2
     assert parts["attention"] == 3 and parts["communication"] == 3
     assert parts["optimizer"] == 5
@@ -121,7 +123,7 @@ def test_attribute_nested_ops_overlapping_kernels_and_gaps():
 
 def test_attribute_refuses_an_empty_region():
     with pytest.raises(ValueError, match="empty"):
-        step_profile._attribute([], 5, 5)
+        step_parts.attribute([], 5, 5)
 
 
 def _event(name, start, end, *, device, id=0, parent=None, thread=1):
@@ -135,11 +137,11 @@ def test_kernels_take_the_part_of_the_op_that_launched_them():
     step = _event("Optimizer.step#AdamW.step", 0, 50, device=DeviceType.CPU, id=1)
     add = _event("aten::add_", 1, 2, device=DeviceType.CPU, id=7, parent=step)
     kernels = [
-        step_profile._Kernel("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>",
+        step_parts.Kernel("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add<float>>",
                              10, 12, launched_by=7),  # inside Optimizer.step
-        step_profile._Kernel("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_mul<float>>",
+        step_parts.Kernel("void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_mul<float>>",
                              20, 21, launched_by=0)]  # launched by no op
-    units = step_profile._kernel_units([step, add], kernels)
+    units = step_parts.kernel_units([step, add], kernels)
     assert [u.part for u in units] == ["optimizer", "norms & elementwise"]
     assert [(u.start, u.end) for u in units] == [(10, 12), (20, 21)]
 
@@ -270,7 +272,7 @@ BARS = {"naive loop": NAIVE, "grouped GEMM": GROUPED}
 def test_the_figure_has_one_trace_per_part_in_its_colour():
     fig = step_profile.breakdown_figure(BARS, title="chapter 2")
     assert [t.name for t in fig.data] == list(PARTS)
-    assert [t.marker.color for t in fig.data] == [step_profile.COLORS[p] for p in PARTS]
+    assert [t.marker.color for t in fig.data] == [step_parts.COLORS[p] for p in PARTS]
     gemms = fig.data[PARTS.index("GEMMs")]
     assert list(gemms.y) == list(BARS) and list(gemms.x) == [30.0, 61.0]
     assert list(gemms.customdata) == pytest.approx([30.0, 61.0])  # % of 100 ms
@@ -293,7 +295,7 @@ def test_the_sentence_follows_the_largest_part():
 
 
 def test_show_falls_back_to_the_table_without_plotly(monkeypatch, capsys):
-    monkeypatch.setattr(widgets, "plotly_go", lambda: None)
+    monkeypatch.setattr(display, "plotly_go", lambda: None)
     step_profile.show_breakdowns(BARS, title="chapter 2")
     out = capsys.readouterr().out
     assert "plotly is not installed" in out and "naive loop" in out and "61.0" in out

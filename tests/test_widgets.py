@@ -1,12 +1,15 @@
-"""The live dashboard and the static tables/figures the notebooks end with (moe_tutorial.perf.widgets)."""
+"""The live dashboard and the static tables/figures the notebooks end with (moe_tutorial.course.dashboard, moe_tutorial.course.widgets,
+moe_tutorial.display)."""
 
 import json
 import time
 
 import pytest
 
-from moe_tutorial.perf import widgets
-from moe_tutorial.perf.widgets import PLOTLY_MIME, LiveDashboard, Table
+from moe_tutorial import display
+from moe_tutorial.course import dashboard, widgets
+from moe_tutorial.course.dashboard import LiveDashboard
+from moe_tutorial.display import PLOTLY_MIME, Table
 
 go = pytest.importorskip("plotly.graph_objects")
 
@@ -34,10 +37,10 @@ def test_table_rejects_ragged_rows():
 
 
 def test_format_value():
-    assert widgets.format_value(1234567) == "1,234,567"
-    assert widgets.format_value(0.000123) == "0.000123"
-    assert widgets.format_value(float("nan")) == "n/a"
-    assert widgets.format_value(None) == ""
+    assert display.format_value(1234567) == "1,234,567"
+    assert display.format_value(0.000123) == "0.000123"
+    assert display.format_value(float("nan")) == "n/a"
+    assert display.format_value(None) == ""
 
 
 # --- the dashboard, headless -----------------------------------------------------------------
@@ -106,7 +109,7 @@ def test_unknown_panel():
 # --- when live drawing is (not) possible ---------------------------------------------------
 
 def test_live_only_with_a_frontend(monkeypatch):
-    monkeypatch.setattr(widgets, "in_kernel", lambda: True)
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     monkeypatch.delenv("MOE_TUTORIAL_LIVE", raising=False)
     ok, why = widgets.live_support()
@@ -121,8 +124,8 @@ def test_live_only_with_a_frontend(monkeypatch):
 
 
 def test_without_anywidget_a_note_then_static(monkeypatch, capsys):
-    monkeypatch.setattr(widgets, "in_kernel", lambda: True)
-    monkeypatch.setattr(widgets, "_missing", lambda *names: ["anywidget"])
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
+    monkeypatch.setattr(display, "missing_modules", lambda *names: ["anywidget"])
     dash = LiveDashboard("degraded")
     notes = capsys.readouterr().out.strip().splitlines()
     assert len(notes) == 1 and "anywidget not installed" in notes[0] and not dash.live
@@ -131,7 +134,7 @@ def test_without_anywidget_a_note_then_static(monkeypatch, capsys):
 
 
 def test_without_plotly_the_table_only(monkeypatch, capsys):
-    monkeypatch.setattr(widgets, "plotly_go", lambda: None)
+    monkeypatch.setattr(display, "plotly_go", lambda: None)
     dash = LiveDashboard("no plotly", baseline="naive")
     _fill(dash)
     assert dash.figure() is None and dash.finish() is None
@@ -153,16 +156,16 @@ def test_live_redraws_are_throttled_and_end_as_a_static_figure(monkeypatch):
     pytest.importorskip("anywidget")
     handle, shown = _Handle(), []
 
-    def display(obj, **kwargs):
+    def show_raw(obj, **kwargs):
         shown.append(obj)
         return handle if kwargs.get("display_id") else None
 
-    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
-    monkeypatch.setattr(widgets, "_display", display)
+    monkeypatch.setattr(dashboard, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(display, "show_raw", show_raw)
     now = [0.0]
     dash = LiveDashboard("live", baseline="naive", total=2000, clock=lambda: now[0])
     assert dash.live and len(shown) == 1  # the widget box
-    assert widgets.DASHBOARD_CLASS in shown[0]._dom_classes  # what the browser tests look for
+    assert dashboard.DASHBOARD_CLASS in shown[0]._dom_classes  # what the browser tests look for
     for step in range(1000):  # 1000 updates over 10 simulated seconds
         now[0] += 0.01
         dash.update("naive", step, 100.0 + step)
@@ -182,8 +185,8 @@ def test_live_redraws_are_throttled_and_end_as_a_static_figure(monkeypatch):
 
 def test_slow_redraws_back_off(monkeypatch):
     pytest.importorskip("anywidget")
-    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: _Handle() if kw.get("display_id") else None)
+    monkeypatch.setattr(dashboard, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: _Handle() if kw.get("display_id") else None)
     now = [0.0]
     dash = LiveDashboard("slow", clock=lambda: now[0])
     real_specs = LiveDashboard._trace_specs
@@ -208,7 +211,7 @@ def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, 
     from nbformat.v4 import new_code_cell, new_notebook
 
     nb = new_notebook(cells=[new_code_cell(
-        "from moe_tutorial.perf.widgets import LiveDashboard\n"
+        "from moe_tutorial.course.dashboard import LiveDashboard\n"
         "dash = LiveDashboard('in a kernel', baseline='naive', total=40)\n"
         "for step in range(20):\n"
         "    dash.update('naive', step, 100.0)\n"
@@ -255,7 +258,7 @@ def test_a_live_prediction_starts_unanswered_and_regrades_when_answered(monkeypa
     pytest.importorskip("ipywidgets")
     shown = []
     monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: shown.append(obj))
     guess = widgets.predict("Faster?", ["yes", "no"])
     assert guess._widget.value is None and guess.answer is None  # no button pressed
     guess.grade("no", "measured.")
@@ -289,8 +292,8 @@ SKEW_SIZES = dict(tokens=64, num_experts=4, top_k=2, hidden=32, intermediate=64,
 
 def test_a_headless_skew_explorer_draws_once_at_its_default(monkeypatch, capsys):
     shown = []
-    monkeypatch.setattr(widgets, "_ipython", lambda: object())  # displays go to `shown`
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
+    monkeypatch.setattr(display, "ipython_shell", lambda: object())  # displays go to `shown`
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: shown.append(obj))
     explorer = widgets.skew_explorer(**SKEW_SIZES, default_skew=0.5)
     assert not explorer.live and explorer.slider is None  # no frontend: nothing waits for input
     assert list(explorer.results) == [0.5]
@@ -305,10 +308,10 @@ def test_a_headless_skew_explorer_draws_once_at_its_default(monkeypatch, capsys)
 
 
 def test_a_skew_explorer_in_a_headless_kernel_says_it_is_static(monkeypatch, capsys):
-    monkeypatch.setattr(widgets, "in_kernel", lambda: True)
+    monkeypatch.setattr(display, "in_kernel", lambda: True)
     monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
     monkeypatch.delenv("MOE_TUTORIAL_LIVE", raising=False)
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: None)
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: None)
     explorer = widgets.SkewExplorer(**SKEW_SIZES)
     assert not explorer.live
     assert capsys.readouterr().out.startswith("skew explorer static at skew 0.00: no Jupyter "
@@ -328,7 +331,7 @@ def test_moving_the_skew_slider_remeasures_once_per_value(monkeypatch):
 
     monkeypatch.setattr(skew, "grouped_gemm_efficiency", counted)
     monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: shown.append(obj))
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: shown.append(obj))
     explorer = widgets.SkewExplorer(**SKEW_SIZES, ep=2)
     assert explorer.live and shown == [explorer._widget]
     slider, output = explorer.slider, explorer.output
@@ -354,7 +357,7 @@ def test_a_failed_measurement_shows_in_the_explorer(monkeypatch):
     from moe_tutorial.perf import skew
 
     monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: None)
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: None)
     explorer = widgets.SkewExplorer(**SKEW_SIZES)
 
     def out_of_memory(*args, **kwargs):
@@ -387,12 +390,12 @@ def test_a_skew_explorer_refuses_bad_options_before_drawing(options, match):
     (28, 35, []),  # narrower still: plotly's own ticks
 ])
 def test_log_ticks_are_decades_or_1_2_5(low, high, ticks):
-    assert widgets.log_ticks(low, high) == pytest.approx(ticks)
+    assert display.log_ticks(low, high) == pytest.approx(ticks)
 
 
 def test_log_ticks_refuse_a_range_a_log_axis_cannot_show():
     with pytest.raises(ValueError, match="0 < low <= high"):
-        widgets.log_ticks(0, 10)
+        display.log_ticks(0, 10)
 
 
 def test_a_figure_shows_its_log_axes_with_clean_labels():
@@ -405,13 +408,13 @@ def test_a_figure_shows_its_log_axes_with_clean_labels():
     fig.add_trace(go.Scatter(x=[2, 4, 64], y=[1.0, 1.2, 5.0]), row=1, col=2)
     fig.update_xaxes(type="log", tickvals=[2, 4, 64], row=1, col=1)
     fig.update_yaxes(type="log", row=1, col=1)
-    layout = widgets.figure_bundle(fig)[PLOTLY_MIME]["layout"]
+    layout = display.figure_bundle(fig)[PLOTLY_MIME]["layout"]
     assert layout["yaxis"]["tickvals"] == [20, 50, 100, 200, 500]
     assert layout["yaxis"]["ticktext"] == ["20", "50", "100", "200", "500"]
     assert layout["xaxis"]["tickvals"] == [2, 4, 64] and "ticktext" not in layout["xaxis"]
     assert "tickvals" not in layout["yaxis2"]
     assert fig.layout.yaxis.tickvals is None, "the caller's figure is not changed"
-    assert [widgets.tick_label(v) for v in (0.05, 2, 500, 2000, 1.5e4, 1e7)] == [
+    assert [display.tick_label(v) for v in (0.05, 2, 500, 2000, 1.5e4, 1e7)] == [
         "0.05", "2", "500", "2k", "15k", "10M"]
 
 
@@ -419,7 +422,7 @@ def test_log_ticks_read_plotlys_typed_arrays():
     np = pytest.importorskip("numpy")
     fig = go.Figure(go.Scatter(x=[1, 2, 3], y=np.array([3.0, 12.0, 40.0])))
     fig.update_yaxes(type="log")
-    layout = widgets.figure_bundle(fig)[PLOTLY_MIME]["layout"]
+    layout = display.figure_bundle(fig)[PLOTLY_MIME]["layout"]
     assert layout["yaxis"]["tickvals"] == [2, 5, 10, 20, 50]
 
 
@@ -451,8 +454,8 @@ def test_a_label_names_a_variant_in_the_legend_and_the_table(capsys):
 
 def test_a_label_given_later_renames_the_live_trace(monkeypatch):
     pytest.importorskip("anywidget")
-    monkeypatch.setattr(widgets, "live_support", lambda: (True, ""))
-    monkeypatch.setattr(widgets, "_display", lambda obj, **kw: _Handle() if kw.get("display_id") else None)
+    monkeypatch.setattr(dashboard, "live_support", lambda: (True, ""))
+    monkeypatch.setattr(display, "show_raw", lambda obj, **kw: _Handle() if kw.get("display_id") else None)
     now = [0.0]
     dash = LiveDashboard("live labels", baseline="naive", panels=("throughput",), clock=lambda: now[0])
     dash.update("te_grouped_linear", 1, 1.0)

@@ -95,11 +95,13 @@ def test_a_learners_files_are_kept_and_a_deleted_one_comes_back_fresh(tmp_path, 
     assert "added" in capsys.readouterr().out
     chapter = work / "notebooks" / "01_naive_moe.ipynb"
     exercise = work / "exercises" / "01_router_and_loop.ipynb"
-    chapter.write_text("my notes")
+    edited = json.loads(chapter.read_text())
+    edited["cells"][0]["source"] = ["my notes"]
+    chapter.write_text(json.dumps(edited))
     exercise.unlink()
     workspace.prepare_workspace(workspace=work)
     out = capsys.readouterr().out
-    assert chapter.read_text() == "my notes"
+    assert json.loads(chapter.read_text()) == edited
     assert exercise.read_bytes() == (ROOT / "exercises" / exercise.name).read_bytes()
     assert "added 1 file(s) (exercises/01_router_and_loop.ipynb)" in out
     assert "kept your" in out and "delete or rename it" in out

@@ -13,10 +13,25 @@ from dataclasses import dataclass
 
 import torch
 
-from ..moe.config import COURSE_MODES, MODE_ENV, course_mode
-from ..perf.widgets import LIVE_ENV, check_live_setting
 from ..precision.hardware import DEVICE_ENV, check_device
 from . import gpu_replay
+from .dashboard import LIVE_ENV, check_live_setting
+
+# The course runs in one of two modes: `small` (CPU-sized, minutes on 2 cores) or `full`
+# (GPU-sized).
+COURSE_MODES = ("small", "full")
+MODE_ENV = "MOE_TUTORIAL_MODE"
+
+
+def course_mode(mode: str | None = None, name: str = "argument") -> str:
+    """Resolve the course mode: the argument, else $MOE_TUTORIAL_MODE, else `full` when a CUDA
+    GPU is present and `small` otherwise. `name`: where `mode` came from, named in the error."""
+    chosen = mode or os.environ.get(MODE_ENV) or ("full" if torch.cuda.is_available() else "small")
+    if chosen not in COURSE_MODES:
+        source = name if mode else f"${MODE_ENV}"
+        raise ValueError(f"course mode {chosen!r} (from the {source}) is not one of "
+                         f"{COURSE_MODES}; set it to small or full, or leave it empty")
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -42,7 +57,7 @@ class Setup:
 def setup(mode: str, device: str, defaults: dict[str, dict] | None = None, *,
           live: bool | str | None = None, **parameters) -> Setup:
     """Resolve a notebook's `parameters` cell. The mode: `mode`, else $MOE_TUTORIAL_MODE, else
-    full on a GPU and small otherwise (`config.course_mode`). The device: `device`, else
+    full on a GPU and small otherwise (`course_mode`). The device: `device`, else
     $MOE_TUTORIAL_DEVICE, else cuda when available, else cpu. Live widgets: `live` (True or
     False), else on unless $MOE_TUTORIAL_LIVE is 0 or false. Each size: its parameter, or where
     that is left empty (0, "", [], None) the mode's default. In a notebook it also registers the

@@ -11,17 +11,12 @@ inside a matmul:
     16
     >>> MoEConfig(top_k=3, num_experts=2)          # doctest: +SKIP
     ValueError: MoEConfig.top_k=3 is larger than num_experts=2 ...
-
-The course runs in one of two modes: `small` (CPU-sized, minutes on 2 cores) or `full`
-(GPU-sized). `course_mode()` resolves it from an explicit value, the `MOE_TUTORIAL_MODE`
-environment variable, or the hardware (full on a GPU, small otherwise).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from dataclasses import dataclass
 
@@ -29,13 +24,9 @@ import torch
 
 from . import families
 
-# The protein vocabulary the course's models embed (the tokenizer is train.data's)
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
-PAD_ID, BOS_ID, EOS_ID = range(len(SPECIAL_TOKENS))
-AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
-UNKNOWN = "X"
-VOCAB = (*SPECIAL_TOKENS, *AMINO_ACIDS, UNKNOWN)
-VOCAB_SIZE = len(VOCAB)
+# The size of the protein vocabulary the course's models embed by default: train/data.py holds
+# the vocabulary with the data it tokenizes (tests/test_data.py checks the two agree).
+PROTEIN_VOCAB_SIZE = 24
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # MoEConfig's real-valued fields and what each is (for the message that refuses a bad one).
@@ -57,7 +48,7 @@ class MoEConfig:
 
     The fields after `dtype` choose the architecture variant; their defaults are Mixtral's."""
 
-    vocab_size: int = VOCAB_SIZE
+    vocab_size: int = PROTEIN_VOCAB_SIZE
     hidden_size: int = 128
     intermediate_size: int = 256  # per expert
     num_layers: int = 2
@@ -326,17 +317,3 @@ def preset(name: str, layers: int | None = None, **overrides) -> MoEConfig:
         overrides["num_layers"] = layers
     return PRESETS[name].with_overrides(**overrides) if overrides else PRESETS[name]
 
-
-COURSE_MODES = ("small", "full")
-MODE_ENV = "MOE_TUTORIAL_MODE"
-
-
-def course_mode(mode: str | None = None, name: str = "argument") -> str:
-    """Resolve the course mode: the argument, else $MOE_TUTORIAL_MODE, else `full` when a CUDA
-    GPU is present and `small` otherwise. `name`: where `mode` came from, named in the error."""
-    chosen = mode or os.environ.get(MODE_ENV) or ("full" if torch.cuda.is_available() else "small")
-    if chosen not in COURSE_MODES:
-        source = name if mode else f"${MODE_ENV}"
-        raise ValueError(f"course mode {chosen!r} (from the {source}) is not one of "
-                         f"{COURSE_MODES}; set it to small or full, or leave it empty")
-    return chosen

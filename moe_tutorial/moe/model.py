@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -103,8 +104,19 @@ class Rotary:
 # FlashAttention-2, torch's default, for mixtral-2l's layers on the H200: see the step history
 # in docs/benchmarks.md and benchmarks/results/h200_cudnn_attention_rope.json); torch falls
 # through to the next backend where one cannot take the inputs (the CPU runs the math backend).
+# A model chooses among others with `MoEForCausalLM.set_attention_backends` (a CUDA-graphed step
+# leaves cuDNN's out: train/graphed.py says why).
 ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                       SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def check_attention_backends(backends) -> tuple[SDPBackend, ...]:
+    backends = tuple(backends) if isinstance(backends, (list, tuple)) else ()
+    if not backends or not all(isinstance(b, SDPBackend) for b in backends):
+        raise ValueError("attention backends must be a non-empty sequence of "
+                         "torch.nn.attention.SDPBackend, in order of preference, e.g. "
+                         "model.ATTENTION_BACKENDS")
+    return backends
 
 
 class Attention(nn.Module):
@@ -117,10 +129,12 @@ class Attention(nn.Module):
 
     The families' variants (config fields): biases on the projections; `q_norm`/`k_norm`, an
     RMSNorm on q and k before RoPE, over each head's dimensions (Qwen3-MoE) or over the whole
-    projection (OLMoE), which keeps attention logits from growing without bound; `clip_qkv`."""
+    projection (OLMoE), which keeps attention logits from growing without bound; `clip_qkv`.
+    `backends`: the kernels it may run, in order of preference (`ATTENTION_BACKENDS`)."""
 
     def __init__(self, cfg: MoEConfig, *, dtype=None, device=None):
         super().__init__()
+        self.backends = tuple(ATTENTION_BACKENDS)
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qk_norm, self.clip_qkv = cfg.qk_norm, cfg.clip_qkv
         q_width, kv_width = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -153,7 +167,7 @@ class Attention(nn.Module):
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         q, k, v = rotary(q).transpose(1, 2), rotary(k).transpose(1, 2), v.transpose(1, 2)
-        with sdpa_kernel(ATTENTION_BACKENDS, set_priority=True):
+        with sdpa_kernel(list(self.backends), set_priority=True):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                  enable_gqa=self.num_kv_heads != self.num_heads)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
@@ -168,6 +182,13 @@ def route(logits: torch.Tensor, top_k: int,
     probs = torch.softmax(logits.float(), dim=-1)
     weights, indices = torch.topk(probs, top_k, dim=-1)
     return (weights / weights.sum(dim=-1, keepdim=True) if normalize else weights), indices
+
+
+# The routing rules, by the config's `router` field: each takes the router's logits and returns
+# (weights fp32 [T, k], indices [T, k]). A model routes with another rule of the same arguments
+# through `MoEForCausalLM.set_routing` (exercise 08 trains with the learner's sigmoid rule;
+# perf/train_dist.starve_experts keeps experts off).
+ROUTING_RULES = {"softmax": route, "sigmoid": routing.route_sigmoid}
 
 
 @dataclass(frozen=True)
@@ -187,18 +208,21 @@ class Router(nn.Module):
     `gate.weight`), and holds `e_score_correction_bias` (HF's name), a buffer moved by
     `update_correction_bias`, not by the optimizer. For that update it counts the tokens each
     expert received in forward passes in training mode since the last update
-    (`tokens_since_bias_update`). It calls `routing.route_sigmoid` and
-    `routing.update_correction_bias` through their module, so a notebook can swap in its own
-    (exercise 08 does)."""
+    (`tokens_since_bias_update`). `rule` (default `ROUTING_RULES[scoring]`) and `bias_update`
+    (default `routing.update_correction_bias`) are what it calls: a notebook passes its own
+    through `MoEForCausalLM.set_routing` (exercise 08 does)."""
 
     def __init__(self, hidden_size: int, num_experts: int, top_k: int, *,
                  scoring: str = "softmax", normalize: bool = True, n_group: int = 1,
-                 topk_group: int = 1, scaling_factor: float = 1.0, dtype=None, device=None):
+                 topk_group: int = 1, scaling_factor: float = 1.0, rule: Callable | None = None,
+                 bias_update: Callable | None = None, dtype=None, device=None):
         super().__init__()
         routing.check_top_k(top_k, num_experts)
-        if scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"scoring={scoring!r} is not 'softmax' or 'sigmoid'")
+        if scoring not in ROUTING_RULES:
+            raise ValueError(f"scoring={scoring!r} is not one of {sorted(ROUTING_RULES)}")
         self.top_k, self.scoring, self.normalize = top_k, scoring, normalize
+        self.rule = rule or ROUTING_RULES[scoring]
+        self.bias_update = bias_update or routing.update_correction_bias
         self.n_group, self.topk_group, self.scaling_factor = n_group, topk_group, scaling_factor
         sigmoid = scoring == "sigmoid"
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, device=device,
@@ -218,13 +242,12 @@ class Router(nn.Module):
         flat = hidden.reshape(-1, hidden.shape[-1])
         if self.scoring == "softmax":
             logits = F.linear(flat, self.weight)
-            weights, indices = route(logits, self.top_k, self.normalize)
+            weights, indices = self.rule(logits, self.top_k, self.normalize)
             return RouterOutput(logits, weights, indices)
         logits = F.linear(flat.float(), self.weight)
-        weights, indices = routing.route_sigmoid(logits, self.top_k,
-                                                 self.e_score_correction_bias, self.n_group,
-                                                 self.topk_group, self.normalize,
-                                                 self.scaling_factor)
+        weights, indices = self.rule(logits, self.top_k, self.e_score_correction_bias,
+                                     self.n_group, self.topk_group, self.normalize,
+                                     self.scaling_factor)
         if self.training:  # index_add, unlike bincount, needs no host sync
             chosen = indices.reshape(-1)
             self.tokens_since_bias_update.index_add_(0, chosen, torch.ones_like(chosen))
@@ -236,8 +259,7 @@ class Router(nn.Module):
         the last update (`routing.update_correction_bias`), then start counting afresh."""
         if self.e_score_correction_bias is None:
             raise ValueError("only a sigmoid router (scoring='sigmoid') has a correction bias")
-        routing.update_correction_bias(self.e_score_correction_bias,
-                                       self.tokens_since_bias_update, rate)
+        self.bias_update(self.e_score_correction_bias, self.tokens_since_bias_update, rate)
         self.tokens_since_bias_update.zero_()
 
 
@@ -435,6 +457,36 @@ class MoEForCausalLM(nn.Module):
             recipes.check_backend_runs(name, self.precision, hardware.capabilities())
         for layer in self.model.layers:
             layer.mlp.experts = convert_experts(layer.mlp.experts, name, **options)
+        return self
+
+    # --- the routing rule of every router and the attention kernels of every layer ------------
+    @property
+    def routing_rule(self) -> Callable:
+        return self.model.layers[0].mlp.gate.rule
+
+    def set_routing(self, rule: Callable | None = None,
+                    bias_update: Callable | None = None) -> MoEForCausalLM:
+        """Route every layer with `rule`, called with the arguments of the config's rule in
+        `ROUTING_RULES`, and update a sigmoid router's correction bias with `bias_update`
+        (`routing.update_correction_bias`'s arguments); None: the package's own."""
+        for name, fn in (("rule", rule), ("bias_update", bias_update)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"set_routing's {name} must be a function, got "
+                                 f"{type(fn).__name__}")
+        for layer in self.model.layers:
+            layer.mlp.gate.rule = rule or ROUTING_RULES[layer.mlp.gate.scoring]
+            layer.mlp.gate.bias_update = bias_update or routing.update_correction_bias
+        return self
+
+    @property
+    def attention_backends(self) -> tuple[SDPBackend, ...]:
+        return self.model.layers[0].self_attn.backends
+
+    def set_attention_backends(self, backends=ATTENTION_BACKENDS) -> MoEForCausalLM:
+        """The attention kernels every layer may run, in order of preference."""
+        backends = check_attention_backends(backends)
+        for layer in self.model.layers:
+            layer.self_attn.backends = backends
         return self
 
     def expert_paths(self) -> list[str | None]:

@@ -58,6 +58,10 @@ before it is loaded, and a damaged one (a truncated or altered shard) is reporte
 naming the file and the newest intact checkpoint. Pruning (`keep`) deletes only checkpoints
 older than the one just written.
 
+Nothing in a checkpoint's folder runs code or leads outside it when loaded: DCP's index is
+unpickled only into its own classes, and the files `meta.json` names are plain files of the
+folder (`dist_checkpoint_reader`).
+
 `save(..., async_save=True)` returns as soon as the tensors are copied and writes them in a
 background thread (DCP's `async_save`, its collectives on a gloo group of their own).
 """
@@ -65,8 +69,8 @@ background thread (DCP's `async_save`, its collectives on a gloo group of their 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import pickle
 import re
 import shutil
 from collections.abc import Callable
@@ -88,14 +92,23 @@ from ..train.checkpoint import (
     check_arguments,
     check_directory,
     check_same_run,
+    one_line,
     saved_steps,
+)
+from .dist_checkpoint_reader import (
+    META,
+    HostileCheckpoint,
+    IndexedReader,
+    WeightsOnlyPlanner,
+    damage,
+    read_index,
+    read_meta,
 )
 from .distributed import Layout, check_layout
 
 FORMAT = 1  # bumped when the keys or meta.json change; other formats are refused by name
 NAME = re.compile(r"step_(\d{8})")
 PARTIAL = ".partial"
-META = "meta.json"
 
 
 def path_for(directory: str | Path, step: int) -> Path:
@@ -345,8 +358,11 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
         return final
 
     if not async_save:
-        dcp.save(state, checkpoint_id=partial)
-        complete()
+        try:
+            dcp.save(state, checkpoint_id=partial)
+            complete()
+        except (dcp.CheckpointException, OSError) as exc:  # DCP's is a BaseException
+            raise _save_failed(final, exc) from None
         _barrier()  # no rank returns before the checkpoint is complete
         return final
     if _background.group is None and dist.is_initialized():
@@ -358,12 +374,28 @@ def save(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
         try:
             future.result()
             done.set_result(complete())
-        except (Exception, dcp.CheckpointException) as exc:  # the caller's result() raises it
+        except (dcp.CheckpointException, OSError) as exc:  # the caller's result() raises it
+            done.set_exception(_save_failed(final, exc))
+        except Exception as exc:
             done.set_exception(exc)
 
     written.add_done_callback(finish)
     _background.pending = done
     return done
+
+
+def _causes(exc: BaseException) -> str:
+    """What went wrong, on one line: each rank's error for DCP's `CheckpointException`."""
+    if isinstance(exc, dcp.CheckpointException):
+        return "; ".join(f"rank {rank}: {type(error).__name__}: {one_line(error, 160)}"
+                         for rank, (error, _) in exc.failures.items())[:400]
+    return one_line(exc, 300)
+
+
+def _save_failed(final: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(f"{final} could not be saved ({_causes(exc)}); the checkpoints before "
+                           f"it are intact (a save that did not finish is ignored): free some "
+                           f"space, or fix what is named, and resume")
 
 
 def _commit(partial: Path, final: Path, meta: dict, keep: int | None) -> None:
@@ -380,43 +412,31 @@ def _commit(partial: Path, final: Path, meta: dict, keep: int | None) -> None:
         os.close(directory)
     if keep is not None:  # never a newer checkpoint than this one: not this run's
         step = int(NAME.fullmatch(final.name).group(1))
-        for old in [s for s in complete_steps(final.parent) if s <= step][:-keep]:
-            shutil.rmtree(path_for(final.parent, old))
-        for stale in final.parent.glob(f"step_*{PARTIAL}"):
-            shutil.rmtree(stale)
+        old = [path_for(final.parent, s) for s in complete_steps(final.parent) if s <= step]
+        for folder in old[:-keep] + list(final.parent.glob(f"step_*{PARTIAL}")):
+            if not folder.is_symlink():  # a link is someone's, not a checkpoint this run made
+                shutil.rmtree(folder)
 
 
 # ---------------------------------------------------------------------------------------------
 # Load
 
-def _read_meta(path: Path) -> dict:
-    try:
-        meta = json.loads((path / META).read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a complete distributed checkpoint (its {META} "
-                              f"cannot be read: {exc}). Delete it to resume from the one "
-                              f"before") from exc
+_META_TYPES = {"step": int, "config": dict, "optimizer_state": bool, "run": dict}
+
+
+def _read_meta(path: Path, needs: tuple[str, ...] = ("run",)) -> dict:
+    """`path`'s meta.json, of this format, holding `needs` (keys of `_META_TYPES`) each of its
+    type; `CheckpointError` in one line otherwise."""
+    meta = read_meta(path)
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{path} was written in format {meta.get('format')!r} and this "
                               f"version of moe_tutorial reads format {FORMAT}: start a new run")
+    wrong = sorted(k for k in needs if not isinstance(meta.get(k), _META_TYPES[k]))
+    if wrong:
+        raise CheckpointError(f"{path}/{META} lacks {wrong} (or holds another type there): it "
+                              f"is not a checkpoint this version of moe_tutorial wrote; move "
+                              f"{path.name} away, or start a new run")
     return meta
-
-
-def damage(path: Path) -> str | None:
-    """None if every file of the checkpoint `path` matches the checksum in its meta.json; else
-    what is wrong, naming the file."""
-    try:
-        files = json.loads((path / META).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"its {META} is missing, unreadable or holds no checksums"
-    for name, expected in files.items():
-        try:
-            actual = safe_io.sha256_of(path / name)
-        except OSError as exc:
-            return f"{path / name} cannot be read ({exc.strerror or exc})"
-        if actual != expected:
-            return f"{path / name} does not match the checksum saved with it"
-    return None
 
 
 def verified_latest(directory: str | Path) -> Path:
@@ -469,7 +489,7 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
     saved by another model configuration (each differing field named)."""
     _check_world(model, layout)
     path = verified_latest(directory)
-    meta = _read_meta(path)
+    meta = _read_meta(path, needs=tuple(_META_TYPES))
     check_same_run({"path": path}, "model", meta["config"], asdict(model.config))
     entries = _entries(model, layout)
     _check_optimizer(entries, optimizer)
@@ -479,12 +499,18 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
         optimizer.state.clear()
     write_backs: list[Callable[[], None]] = []
     state = _state_dict(entries, optimizer, write_backs)
+    # every rank reads and checks the index itself before DCP uses it (read_index)
+    reader = IndexedReader(path, read_index(path, meta))
     try:
-        dcp.load(state, checkpoint_id=path)
-    except dcp.CheckpointException as exc:  # every rank's errors, gathered by DCP
-        causes = "; ".join(f"rank {rank}: {error}" for rank, (error, _) in exc.failures.items())
-        raise CheckpointError(f"{path} does not fit this model and optimizer ({causes[:400]})"
-                              ) from exc
+        dcp.load(state, storage_reader=reader, planner=WeightsOnlyPlanner())
+    except (dcp.CheckpointException, OSError) as exc:  # DCP's gathers every rank's errors
+        failures = exc.failures.values() if isinstance(exc, dcp.CheckpointException) else []
+        if any(isinstance(error, pickle.UnpicklingError) for error, _ in failures):
+            raise HostileCheckpoint(f"{path} holds objects other than tensors and plain values, "
+                                    f"as no checkpoint of the course does, and was not loaded "
+                                    f"(nothing in it ran): move {path.name} away") from None
+        raise CheckpointError(f"{path} does not fit this model and optimizer ({_causes(exc)})"
+                              ) from None
     for write_back in write_backs:
         write_back()
     saved_groups = state["optimizer"]["param_groups"]
@@ -492,6 +518,12 @@ def load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Pa
         raise CheckpointError(f"{path} holds {len(saved_groups)} optimizer parameter groups, "
                               f"this optimizer has {len(optimizer.param_groups)}: make it as the "
                               f"run did (train.make_optimizer)")
+    odd = next(((k, v) for group, saved in zip(optimizer.param_groups, saved_groups)
+                for k, v in saved.items() if type(v) is not type(group.get(k))), None)
+    if odd is not None:
+        raise CheckpointError(f"{path} holds {odd[0]}={odd[1]!r} for the optimizer, not a value "
+                              f"of the type AdamW takes: it is not a checkpoint the course "
+                              f"wrote; move {path.name} away")
     for group, saved in zip(optimizer.param_groups, saved_groups):
         group.update(saved)
     return meta["step"]
@@ -533,6 +565,10 @@ class ShardedCheckpointing:
         made with other settings (the model's configuration `load` checks)."""
         path = latest(self.directory)  # `load` verifies it
         run = _read_meta(path)["run"]
+        if not (isinstance(run.get("settings", {}), dict)
+                and isinstance(run.get("history", []), list)):
+            raise CheckpointError(f"{path}/{META}'s run holds no settings and history of the "
+                                  f"kind the course writes: move {path.name} away")
         check_same_run({"path": path}, "settings", run.get("settings", {}), settings)
         step = load(model, optimizer, self.directory, self.layout)
         return step, run.get("history", [])

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..arguments import check_count
 from ..moe.batch import next_token_targets
 from ..moe.config import preset
 from ..moe.dispatch import run_experts
@@ -22,7 +23,6 @@ from ..moe.model import MoEForCausalLM, route
 from ..precision import hardware, recipes
 from ..precision.quant import rel_error
 from ..precision.recipes import supported_recipes
-from ..train.data import check_count
 from ..train.graphed import GraphedTrainStep, capturable_adamw
 from ..train.loop import (
     OPTIMIZERS,

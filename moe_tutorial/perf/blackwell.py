@@ -29,11 +29,12 @@ from unittest import mock
 
 import torch
 
+from .. import display
 from ..moe import experts, routing
 from ..moe.dispatch import run_experts
 from ..moe.model import route
 from ..precision import hardware, recipes
-from . import bench, timing, widgets
+from . import bench, timing
 
 SHAPES = {"mixtral": dict(num_experts=8, hidden_size=4096, intermediate_size=14336),
           "fine_grained": dict(num_experts=64, hidden_size=2048, intermediate_size=768)}
@@ -322,7 +323,7 @@ def fusion_table(cases: list[list]):
     machine) and what TE runs — fused, unfused (silently), or fused then raising. The reasons
     stay in the rows (`experts.why_unfused`, `experts.why_fused_raises`)."""
     b200 = "B200 (hypothetical): "
-    return widgets.Table(["case (on a B200 unless named)", "TE runs"],
+    return display.Table(["case (on a B200 unless named)", "TE runs"],
                          [[case.removeprefix(b200), runs] for case, _, runs, *_ in cases],
                          title="experts.why_unfused and why_fused_raises at Mixtral's expert layer "
                                "(hypothetical machines: nothing runs there)")
@@ -332,7 +333,7 @@ def dry_run_table(report: dict):
     """A committed `dry_run` report: what TE's fusion pass chose against `why_unfused`, per shape
     and case."""
     env = report["environment"]
-    return widgets.Table(
+    return display.Table(
         ["shape", "case", "TE's fusion pass chose", "why_unfused predicted", "agree"],
         [[name, case["case"], ", ".join(case["te_chose"]), "; ".join(case["why_unfused"]) or "fuses",
           "yes" if case["agrees"] else "NO"]
@@ -354,7 +355,7 @@ def env_variable_table(report: dict):
              f"{env['is_supported_cache']['hits']} / {env['is_supported_cache']['misses']}"]]
     rows += [[f"{name}: the fused op's row check on 100 rows", shape["fused_op_row_check"]["100"]]
              for name, shape in report["shapes"].items()]
-    return widgets.Table(["what", "recorded"], rows,
+    return display.Table(["what", "recorded"], rows,
                          title=f"{hardware.FUSED_MLP_ENV} and the row check (committed dry run)")
 
 

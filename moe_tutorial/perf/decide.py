@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from ..moe.config import COURSE_MODES
+from .. import display
 from ..precision import hardware, recipes
-from . import results, widgets
+from . import results
 from .bench import (
     EXPERT_SHAPES,
     ExpertShape,
@@ -97,7 +97,7 @@ def sweep_grid(mode: str) -> list[ExpertShape]:
     """hidden × experts × tokens per expert of the course mode ("small": CPU-sized, "full": up
     to Mixtral's layer), top-k 2, intermediate 3.5 × hidden (`GRIDS`)."""
     if mode not in GRIDS:
-        raise ValueError(f"mode {mode!r} is not a course mode; choose one of {COURSE_MODES}")
+        raise ValueError(f"mode {mode!r} is not a course mode; choose one of {sorted(GRIDS)}")
     grid = GRIDS[mode]
     return [sweep_shape(h, e, t) for h in grid["hidden"] for e in grid["experts"]
             for t in grid["tokens_per_expert"]]
@@ -447,7 +447,7 @@ def _speedup_cells(rows: Sequence[dict], decisions: dict[str, Verdict]):
 def decision_figure(rows: Sequence[dict], decisions: dict[str, Verdict]):
     """A heat map of speedup per shape (x) and technique (y), coloured on a log scale diverging
     at 1.0 (blue pays, red loses); None without plotly."""
-    go = widgets.plotly_go()
+    go = display.plotly_go()
     if go is None:
         return None
     shapes, cells = _speedup_cells(rows, decisions)
@@ -466,7 +466,7 @@ def decision_figure(rows: Sequence[dict], decisions: dict[str, Verdict]):
 
 
 def decision_table(rows: Sequence[dict], decisions: dict[str, Verdict],
-                   title: str | None = None) -> widgets.Table:
+                   title: str | None = None) -> display.Table:
     """One line per shape: its sizes, the loop's time and each technique's speedup; titled by
     `title` (default: `decision_rule(decisions)`), with what each variant ran (or why not)
     underneath."""
@@ -487,7 +487,7 @@ def decision_table(rows: Sequence[dict], decisions: dict[str, Verdict],
     spread = (f"\n{len(noisy)} of {len(shapes)} shapes had a timing whose median exceeds "
               f"{NOISY_SPREAD}× its fastest iteration ({', '.join(noisy)}): something else ran "
               "on this machine meanwhile; rerun before trusting them" if noisy else "")
-    return widgets.Table(
+    return display.Table(
         ["shape", "hidden", "experts", "tokens/expert", "tokens/expert × hidden", "loop ms"]
         + [f"{v.technique.short} vs {v.technique.versus}" for v in decisions.values()],
         table_rows, title=title if title is not None else decision_rule(decisions),
@@ -503,6 +503,6 @@ def show_decision(rows: Sequence[dict], decisions: dict[str, Verdict] | None = N
     fig = decision_figure(rows, decisions)
     if fig is None:
         print("plotly is not installed (pip install plotly): the table only")
-    widgets.show_figure(fig)
-    widgets.show_table(decision_table(rows, decisions, title))
+    display.show_figure(fig)
+    display.show_table(decision_table(rows, decisions, title))
     return fig

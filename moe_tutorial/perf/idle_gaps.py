@@ -38,10 +38,12 @@ from pathlib import Path
 
 import torch
 
+from .. import display
+from ..arguments import check_count
 from ..moe.config import preset
-from ..train.data import check_count
-from . import bench, results, timing, widgets
-from .step_profile import _cuda_kernels, profiled_steps
+from . import bench, results, timing
+from .step_parts import cuda_kernels
+from .step_profile import profiled_steps
 
 AFTER_SYNC = "after a host sync"
 HOST_BEHIND = "host behind"
@@ -130,14 +132,14 @@ class IdleGaps:
                 f"{by_cause[HOST_BEHIND]:.2f} ms with the host behind without a wait, "
                 f"{by_cause[SHORT]:.2f} ms in gaps under {self.min_gap_us:g} µs{top}.")
 
-    def table(self, title: str = "") -> widgets.Table:
-        return widgets.Table(
+    def table(self, title: str = "") -> display.Table:
+        return display.Table(
             ["cause", "where (op, or Python function)", "ms / step", "gaps / step"],
             [[r["cause"], r["where"], f"{r['ms']:.3f}", f"{r['gaps']:.3g}"] for r in self.rows],
             title=title, note=self.sentence())
 
     def show(self, title: str = "where the GPU waits") -> None:
-        widgets.show_table(self.table(title))
+        display.show_table(self.table(title))
 
 
 # A Python frame in a profile taken with_stack: an event of its own, named
@@ -175,7 +177,7 @@ def where(event) -> str:
 def attribute(kernels: Sequence, host_events: Sequence, *, steps: int,
               min_gap_us: float = 20.0) -> IdleGaps:
     """Split the idle time between `kernels` (objects with .start, .end in µs and .launched_by,
-    the correlation id of the host event that launched them: `step_profile._cuda_kernels`) by
+    the correlation id of the host event that launched them: `step_parts.cuda_kernels`) by
     cause, using `host_events` (torch.profiler `FunctionEvent`s: .id, .name, .time_range,
     .cpu_parent). `steps`: how many steps the kernels cover (results are per step). A
     host wait that returns after the last kernel (the caller's final sync) is not counted."""
@@ -245,7 +247,7 @@ def profile(step: Callable[[], object], *, device="cuda", steps: int = 3, warmup
                          f"shows where the host spends the step)")
     prof, _ = profiled_steps(step, device=dev, steps=steps, warmup=warmup, with_stack=with_stack)
     host = [e for e in prof.events() if e.device_type.name == "CPU"]
-    return attribute(_cuda_kernels(prof), host, steps=steps, min_gap_us=min_gap_us)
+    return attribute(cuda_kernels(prof), host, steps=steps, min_gap_us=min_gap_us)
 
 
 def committed(path: str | Path = COMMITTED) -> dict:
@@ -293,7 +295,7 @@ def busy_table(run: dict, baseline: str = "hf_grouped_mm_compiled"):
     GPU's busy and idle time per profiled step, and its busy time against `baseline`'s busy time
     in the same profiles (busy against busy: like measures of one run)."""
     base_busy = run["variants"][baseline]["gaps"].busy_ms
-    return widgets.Table(
+    return display.Table(
         ["step", "ms per step, unprofiled", "GPU busy ms", "GPU idle ms", "host waits per step",
          f"{baseline} busy / this busy"],
         [[name, f"{e['median_ms']:.1f}", f"{e['gaps'].busy_ms:.1f}", f"{e['gaps'].idle_ms:.1f}",

@@ -33,12 +33,12 @@ import inspect
 import math
 from dataclasses import asdict, dataclass
 
-from ..moe.config import DTYPES, MoEConfig, preset
+from ..moe.config import DTYPES, MoEConfig
 from ..moe.experts import TE_BACKENDS
 from ..moe.loss import cross_entropy
 from ..parallel import distributed
 from ..precision import hardware, recipes
-from ..precision.quant import MX_BLOCK
+from .fp8_storage import fp8_activation_bytes, fp8_weight_copy_bytes
 
 ENGINES = ("single", "replicated", "fsdp2")
 BACKENDS = ("grouped_torch", "te_grouped_linear", "te_ops")
@@ -101,72 +101,6 @@ def layer_parameters(config: MoEConfig, ep: int = 1) -> dict:
     attention = layer_dense - hidden * config.num_experts - 2 * hidden  # less router, norms
     return {"root": root, "layer_dense": layer_dense, "attention": attention,
             "layer_experts": counts["expert"] // config.num_layers // ep}
-
-
-# ---------------------------------------------------------------------------------------------
-# Transformer Engine's FP8 tensors: how many bytes per value, and which copies it saves.
-
-def fp8_bytes_per_value(recipe: str, arch: str, *, rowwise: bool, columnwise: bool,
-                        weight: bool = False) -> float:
-    """Bytes TE 2.20.2 stores per value of a tensor quantized under `recipe` on `arch`, holding
-    the usages asked for: rowwise (what the forward GEMM reads) and columnwise (what the
-    backward GEMMs read).
-
-    Per-tensor recipes (DelayedScaling, Float8CurrentScaling): csrc/quantizer.cpp,
-    `Float8Quantizer::create_tensor` and `Float8CurrentScalingQuantizer::create_tensor`, allocate
-    `with_data = rowwise_usage || is_non_tn_fp8_gemm_supported` and `with_transpose =
-    columnwise_usage && !is_non_tn_fp8_gemm_supported`; pytorch/utils.py,
-    `is_non_tn_fp8_gemm_supported`, is true from compute capability 10.0 (Blackwell). So Hopper
-    keeps a second, transposed copy for the columnwise use and Blackwell reads one copy both
-    ways. (One fp32 scale per tensor: left out.)
-    Float8BlockScaling: pytorch/tensor/float8_blockwise_tensor.py,
-    `Float8BlockQuantizer.inner_tensor_specs`: a rowwise and a (transposed) columnwise copy,
-    each with fp32 scales, one per 1×128 block of activations and per 128×128 block of weights
-    (`get_scale_shape`; common/recipe/__init__.py, `Float8BlockScaling`: x_block_scaling_dim=1,
-    w_block_scaling_dim=2).
-    MXFP8BlockScaling: pytorch/tensor/mxfp8_tensor.py, `MXFP8Quantizer.inner_tensor_specs`: a
-    rowwise and a columnwise copy, each with one uint8 (E8M0) scale per 32 values
-    (constants.py, MXFP8_BLOCK_SCALING_SIZE = 32; quant.MX_BLOCK here)."""
-    copies = int(rowwise) + int(columnwise)
-    if recipe in ("DelayedScaling", "Float8CurrentScaling"):
-        return 1.0 if arch == "blackwell" and copies else float(copies)
-    if recipe == "Float8BlockScaling":
-        block_values = 128 * 128 if weight else 128  # TE's block length is 128
-        return copies * (1 + FP32 / block_values)
-    if recipe == "MXFP8BlockScaling":
-        return copies * (1 + 1 / MX_BLOCK)  # one byte of scale per block of 32
-    raise ValueError(f"no FP8 storage rule for recipe {recipe!r}; choose one of "
-                     f"{recipes.TE_RECIPES}")
-
-
-def fp8_activation_bytes(recipe: str, arch: str) -> float:
-    """Bytes per value of a GEMM input a TE module saves for the backward pass: only the
-    columnwise copy, which the weight-gradient GEMM reads. TE 2.20.2:
-    module/linear.py `_linear_forward_impl`, module/grouped_linear.py `_GroupedLinear.forward`
-    and ops/basic/grouped_linear.py `GroupedLinear._fuser_forward_split_quantize` all call
-    `update_usage(rowwise_usage=False, columnwise_usage=True)` on the input they save."""
-    return fp8_bytes_per_value(recipe, arch, rowwise=False, columnwise=True)
-
-
-def fp8_weight_copy_bytes(recipe: str, arch: str, module: str) -> float:
-    """Bytes per weight value of the FP8 copy a TE module saves for the backward pass. Nothing
-    in this model passes `is_first_microbatch`, so TE caches no copy between steps (module/
-    grouped_linear.py, `GroupedLinear.forward`: `cache_weight = is_first_microbatch is not None`):
-    every forward pass quantizes the weights and saves the copy until the layer's backward pass.
-
-    module "grouped_linear" (te.GroupedLinear) and "linear" (te.Linear): the copy is quantized
-    with rowwise and columnwise usage and saved as it is (module/grouped_linear.py,
-    `_GroupedLinear.forward`, `prepare_for_saving(*inputmats, *weights_fp8, ...)`; module/
-    linear.py, `wt_save = weightmat`). module "ops" (te.ops.GroupedLinear): the saved copy keeps
-    only the columnwise data (ops/basic/grouped_linear.py, `_fuser_forward_split_quantize`:
-    `w.update_usage(rowwise_usage=False, columnwise_usage=True)`). That is the split-quantize
-    path, the one TE takes for DelayedScaling always and, on Hopper, for FP8 current scaling with
-    cuBLASLt older than 13.5 and for block scaling older than 13.6 (cuBLASLt 13.0 of CUDA 13.0,
-    the course's bundle: `is_op_fuser_grouped_tensor_path_supported`, ops/basic/grouped_linear.py:
-    74-132 in TE 2.20.2; MXFP8 and NVFP4 take the grouped path on Blackwell with cuBLASLt >= 13.3);
-    the grouped-tensor path keeps both copies, as te.GroupedLinear does."""
-    both = module in ("grouped_linear", "linear")
-    return fp8_bytes_per_value(recipe, arch, rowwise=both, columnwise=True, weight=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -562,102 +496,7 @@ def fits(prediction: MemoryPrediction, gpu_bytes: float,
     return prediction.peak <= gpu_bytes * (1 - reserve_fraction)
 
 
-# ---------------------------------------------------------------------------------------------
-# Mixtral-8x7B on 8 GPUs: which layouts fit.
-
-TABLE_LAYOUTS = (("replicated", 8, 1), ("replicated", 1, 8), ("fsdp2", 8, 1), ("fsdp2", 4, 2),
-                 ("fsdp2", 1, 8))
-TABLE_COMPONENTS = ("parameters", "gradients", "optimizer_state", "fp8_weight_copies",
-                    "gathered_parameters", "gradient_buffers", "activations", "logits")
-
-
-def mixtral_8x7b_table(gpu_bytes: float, *, batch: int = 1, seq_len: int = 4096,
-                       precision: str = "bf16", backend: str = TABLE_BACKEND,
-                       state_dtype: str = "float32", activation_checkpointing: bool = False,
-                       arch: str = "hopper",
-                       reserve_fraction: float = RESERVE_FRACTION) -> tuple[list[dict], str]:
-    """Per-GPU memory of full Mixtral-8x7B (`preset("mixtral-8x7b")`) on 8 GPUs of `gpu_bytes`
-    each, for replicated dp8 and ep8 and FSDP2 over dp8, dp4 × ep2 and dp1 × ep8; FSDP2 keeps
-    its state in `state_dtype` (the replicated layout has one bf16 copy). The default micro
-    batch is BioNeMo's like-for-like Mixtral comparison: FSDP2 over 8 GPUs, 1 × 4096 tokens per
-    GPU (benchmarks/results/published_recipe.json, "hf_like_for_like").
-
-    Returns (rows, text): a dict per layout with the components at its peak moment (they add up
-    to the peak), whether it fits and why; and the rows as a text table."""
-    config = preset("mixtral-8x7b")
-    rows = []
-    for engine, dp, ep in TABLE_LAYOUTS:
-        p = predict(config, batch=batch, seq_len=seq_len, dp=dp, ep=ep, engine=engine,
-                    precision=precision, backend=backend, arch=arch,
-                    state_dtype=state_dtype if engine == "fsdp2" else None,
-                    activation_checkpointing=activation_checkpointing)
-        rows.append(_table_row(p, gpu_bytes, reserve_fraction))
-    return rows, _table_text(rows, gpu_bytes, reserve_fraction, rows[0]["settings"])
-
-
 STATE = ("parameters", "gradients", "optimizer_state")  # what the layout must hold at least
-
-
-def _table_row(p: MemoryPrediction, gpu_bytes: float, reserve_fraction: float) -> dict:
-    """One layout's row: the components at its peak moment, whether it fits, and what breaks
-    it: the training state when that alone is too much, else the largest part the step adds on
-    top of the state (what a different precision, batch or checkpointing would change)."""
-    usable = gpu_bytes * (1 - reserve_fraction)
-    at_peak = p.phases[p.peak_phase]
-    state = sum(at_peak.get(name, 0) for name in STATE)
-    added = {name: value for name, value in at_peak.items() if name not in STATE}
-    ok = fits(p, gpu_bytes, reserve_fraction)
-    breaks_on, why = None, f"{gib(usable - p.peak):.0f} GiB to spare ({p.peak_phase} moment)"
-    if not ok and state > usable:
-        breaks_on = max(STATE, key=lambda name: at_peak.get(name, 0))
-        why = (f"the training state alone is {gib(state):.0f} GiB "
-               f"({_label(breaks_on)} {gib(at_peak[breaks_on]):.0f})")
-    elif not ok:
-        breaks_on = max(added, key=added.get)
-        why = (f"{gib(p.peak - usable):.0f} GiB over at the {p.peak_phase} moment: state "
-               f"{gib(state):.0f} + {_label(breaks_on)} {gib(added[breaks_on]):.0f} GiB + rest")
-    s = p.settings
-    return {"layout": f"{s['engine']} dp{s['dp']}×ep{s['ep']}", "engine": s["engine"],
-            "dp": s["dp"], "ep": s["ep"], "state_dtype": s["state_dtype"],
-            "peak_bytes": p.peak, "peak_phase": p.peak_phase, "fits": ok,
-            "breaks_on": breaks_on, "why": why,
-            **{name: at_peak.get(name, 0) for name in TABLE_COMPONENTS}, "settings": s}
-
-
-def _label(component: str) -> str:
-    return {"optimizer_state": "AdamW moments",
-            "fp8_weight_copies": "FP8 weight copies"}.get(component, component.replace("_", " "))
-
-
-def table_layout_name(row: dict) -> str:
-    """A row's layout as the text table names it: FSDP2, or "no FSDP" for the replicated
-    engine, where each GPU keeps whole copies of what it holds. That is every weight at dp8 ×
-    ep1, but only the dense weights and its share of the experts at dp1 × ep8: there the
-    experts are split, not replicated."""
-    return f"dp{row['dp']}×ep{row['ep']} " + ("FSDP2" if row["engine"] == "fsdp2" else "no FSDP")
-
-
-def _table_text(rows: list[dict], gpu_bytes: float, reserve_fraction: float,
-                settings: dict) -> str:
-    short = {"parameters": "params", "gradients": "grads", "optimizer_state": "AdamW",
-             "fp8_weight_copies": "FP8 w", "gathered_parameters": "gathered",
-             "gradient_buffers": "grad buf", "activations": "activ.", "logits": "logits"}
-    header = (f"{'layout':<22} {'state':>8} " + " ".join(f"{short[c]:>8}" for c in TABLE_COMPONENTS)
-              + f" {'peak':>8}  moment    fits  why")
-    lines = [f"Mixtral-8x7B on 8 GPUs of {gib(gpu_bytes):.1f} GiB ({gib(gpu_bytes) * (1 - reserve_fraction):.1f} "
-             f"usable), GiB per GPU at the peak moment; {settings['batch']} × {settings['seq_len']} "
-             f"tokens per GPU, {settings['precision']}"
-             + (f" ({settings['recipe']})" if settings['recipe'] else "")
-             + f", {settings['backend']} experts"
-             + (", activation checkpointing" if settings["activation_checkpointing"] else ""),
-             header, "-" * len(header)]
-    for r in rows:
-        state = r["state_dtype"].replace("bfloat16", "bf16").replace("float32", "fp32")
-        lines.append(f"{table_layout_name(r):<22} {state:>8} "
-                     + " ".join(f"{gib(r[c]):8.1f}" for c in TABLE_COMPONENTS)
-                     + f" {gib(r['peak_bytes']):8.1f}  {r['peak_phase']:<8}  "
-                     + f"{'yes' if r['fits'] else 'NO':<4}  {r['why']}")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ places skew bites, and one that sends every token to the same expert is the wors
 
 `skewed_splits` turns one number, the skew in [0, 1], into the token copies each expert receives,
 and `routing_for_splits` into routing indices [T, k] that produce exactly those counts, so a real
-MoE layer can be run at any skew. `widgets.SkewExplorer` puts all of it behind a slider.
+MoE layer can be run at any skew. `course.widgets.SkewExplorer` puts all of it behind a slider.
 """
 
 from __future__ import annotations

@@ -40,20 +40,21 @@ from pathlib import Path
 
 import torch
 
+from .. import display
+from ..arguments import check_count
 from ..moe.config import MoEConfig, preset
 from ..moe.model import ATTENTION_BACKENDS
 from ..precision import hardware
-from ..train.data import check_count
-from . import results, timing, widgets
+from . import results, timing
+from .step_parts import OTHER
+from .step_parts import PARTS as PROFILER_PARTS
 from .step_profile import (
     CHAPTER_LABELS,
     COURSE_BARS,
-    OTHER,
     StepBreakdown,
     breakdown_figure,
     chapter_breakdowns,
 )
-from .step_profile import PARTS as PROFILER_PARTS
 
 # The work model counts each GEMM's operands in the config's dtype or in FP8 (one byte): which
 # recipe scales the FP8 operands does not change the minimum work.
@@ -667,7 +668,7 @@ def show_against_floor(section: dict, *, title: str) -> None:
     else:
         fig.update_layout(xaxis_title="ms per training step: profiled (torch.profiler), and "
                                       "the floor from the measured rates")
-        widgets.show_figure(fig)
+        display.show_figure(fig)
     for label, c in section["variants"].items():
         gaps = sorted((r for r in c["rows"] if r["measured_ms"] is not None),
                       key=lambda r: r["measured_ms"] - (r["floor_ms"] or 0), reverse=True)[:3]

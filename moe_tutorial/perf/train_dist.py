@@ -24,7 +24,6 @@ subprocess for a notebook; `benchmarks.matrix` runs every layout of a machine.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -41,19 +40,18 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from .. import safe_io
-from ..moe import model as moe_model
+from ..arguments import check_count, check_positive_number
 from ..moe.batch import next_token_targets
-from ..moe.config import DTYPES, MoEConfig, preset
-from ..moe.experts import STACKED_BACKENDS, TE_BACKENDS
+from ..moe.config import DTYPES
+from ..moe.experts import TE_BACKENDS
 from ..moe.hf_baseline import hf_mixtral, hf_training_loss
 from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..parallel import dist_checkpoint, distributed
 from ..parallel.dist_checkpoint import ShardedCheckpointing
-from ..parallel.sharded_init import load_hf_shards
 from ..precision import recipes
 from ..precision.quant import rel_error
 from ..train.checkpoint import check_directory, check_same_run
-from ..train.data import check_count, check_positive_number, load_protein_data
+from ..train.data import load_protein_data
 from ..train.loop import (
     TrainingDiverged,
     TrainSettings,
@@ -65,6 +63,15 @@ from ..train.loop import (
 )
 from ..train.loop import train as train_loop
 from . import memory
+from .dist_model import (
+    DTYPE_NAMES,
+    dtypes,
+    from_hf_checkpoint,
+    global_batch,
+    model_config,
+    parallelize,
+    starve_experts,
+)
 from .step_profile import profile_step
 from .timing import allocator_retries, environment, time_fn
 
@@ -80,90 +87,7 @@ def _setup() -> torch.device:
     return torch.device("cpu")
 
 
-@contextlib.contextmanager
-def starve_experts(experts: list[int]):
-    """Routing that never picks `experts` (a test of ranks that receive no tokens)."""
-    original = moe_model.route
-
-    def route(logits, top_k, *options):
-        logits = logits.clone()
-        logits[:, experts] = -1e4
-        return original(logits, top_k, *options)
-
-    moe_model.route = route
-    try:
-        yield
-    finally:
-        moe_model.route = original
-
-
-def _global_batch(config, world: int, batch: int, seq_len: int, device, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (world * batch, seq_len), generator=gen).to(device)
-
-
 ENGINES = ("fsdp2", "replicated")
-DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
-
-
-def dtypes(args, config) -> tuple[torch.dtype, torch.dtype]:
-    """(compute, state): the dtype the layers compute in (`--dtype`, default the preset's) and the
-    one the weights, their gradients and AdamW's moments are kept in (`--state-dtype`, default
-    the compute dtype). Only FSDP2 keeps them apart (its mixed-precision policy casts each
-    gathered layer); replicated weights are the ones the layers compute with."""
-    compute = DTYPES[args.dtype or config.dtype]
-    state = DTYPES[args.state_dtype] if args.state_dtype else compute
-    if state != compute and args.engine != "fsdp2":
-        raise ValueError(f"--state-dtype {args.state_dtype} with --dtype {compute}: only "
-                         f"--engine fsdp2 keeps the training state in another dtype than the "
-                         f"compute (replicated weights are what the layers compute with)")
-    return compute, state
-
-
-def parallelize(model, args, layout, compute: torch.dtype, state: torch.dtype):
-    """Apply the data-parallel engine to a model built in the compute dtype whose experts
-    `shard_experts` already sharded over ep; returns the `after_backward` hook `train_step`
-    calls (None for FSDP2, whose backward pass reduce-scatters the gradients itself). Create
-    the optimizer afterwards: FSDP2 replaces the parameters by their shards."""
-    if args.activation_checkpointing:
-        distributed.checkpoint_activations(model)
-    if args.engine == "replicated":
-        return lambda: distributed.average_gradients(model, layout)
-    # Built in the compute dtype, kept in the state dtype: FSDP2's policy casts each gathered
-    # layer back for its forward and backward passes.
-    model.to(state)
-    distributed.fully_shard_layout(model, layout, mp_policy=distributed.mixed_precision(compute,
-                                                                                         state))
-    return None
-
-
-def model_config(args, **overrides):
-    """The preset, with `--layers` if given (e.g. the deepest Mixtral-width model that fits);
-    with `--hf-checkpoint`, the checkpoint's own config.json."""
-    if args.hf_checkpoint:
-        from transformers import AutoConfig
-
-        return MoEConfig.from_hf_config(AutoConfig.from_pretrained(args.hf_checkpoint))
-    return preset(args.preset, layers=args.layers, **overrides)
-
-
-def from_hf_checkpoint(args, config, layout, device, compute: torch.dtype,
-                       state: torch.dtype) -> MoEForCausalLM:
-    """Our model with the weights of an HF checkpoint (`--hf-checkpoint`, a `save_pretrained`
-    directory), no rank ever holding it whole: built on the meta device (no storage), its
-    experts sharded over ep and everything under FSDP2, then each rank allocates only its own
-    shards and reads only their rows from the safetensors files (`sharded_init`)."""
-    if args.engine != "fsdp2" or args.backend not in STACKED_BACKENDS:
-        raise ValueError(f"--hf-checkpoint loads into FSDP2 shards of stacked experts: use "
-                         f"--engine fsdp2 and --backend {' or '.join(STACKED_BACKENDS)}, not "
-                         f"--engine {args.engine} --backend {args.backend}")
-    model = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device="meta")
-    model.set_expert_backend(args.backend)
-    distributed.shard_experts(model, layout)
-    parallelize(model, args, layout, compute, state)
-    model.materialize(device)
-    load_hf_shards(model, args.hf_checkpoint, layout)
-    return model
 
 
 def check(args, device) -> dict:
@@ -172,11 +96,11 @@ def check(args, device) -> dict:
     config = model_config(args, aux_loss_coef=0.0)  # the aux loss is per rank (local balance)
     compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
-    # The reference computes in the compute dtype, as the layout's gathered layers do; the
+    # The one-process model computes in the compute dtype, as the layout's gathered layers do; the
     # layout keeps the same weights in the state dtype.
     torch.manual_seed(0)
-    reference = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
-    model = copy.deepcopy(reference)
+    one_process = MoEForCausalLM(config.with_overrides(dtype=DTYPE_NAMES[compute]), device=device)
+    model = copy.deepcopy(one_process)
     model.set_expert_backend(args.backend)
     distributed.shard_experts(model, layout)
     # Where the gathered gradients land, in the backend's own parameter layout (FSDP2 turns the
@@ -185,20 +109,20 @@ def check(args, device) -> dict:
     unsharded = (copy.deepcopy(model, memo={id(layout): layout}).to(state)
                  if args.engine == "fsdp2" else model)
     after_backward = parallelize(model, args, layout, compute, state)
-    ids = _global_batch(config, world, args.batch, args.seq_len, device)
+    ids = global_batch(config, world, args.batch, args.seq_len, device)
     mine = slice(rank * args.batch, (rank + 1) * args.batch)
     starve = ([] if args.starve_rank is None else
               list(range(args.starve_rank * config.num_experts // args.ep,
                          (args.starve_rank + 1) * config.num_experts // args.ep)))
-    with starve_experts(starve):
+    with starve_experts(starve, one_process, model):
         # The global batch in one process, as rank-sized micro-batches whose gradients add up
         # (each loss / world: the mean over all of them). The same sums as one big batch, and
         # the forward passes have the ranks' shapes, so in bf16 they round alike: a token near a
-        # tie between two experts cannot pick another one in the reference.
+        # tie between two experts cannot pick another one in the one-process model.
         ref_losses, ref_logits = [], []
         for r in range(world):
             part = ids[r * args.batch:(r + 1) * args.batch]
-            ref_out = reference(part, next_token_targets(part))
+            ref_out = one_process(part, next_token_targets(part))
             (ref_out.loss / world).backward()
             ref_losses.append(ref_out.loss.detach().float())
             ref_logits.append(ref_out.logits.detach())
@@ -217,14 +141,14 @@ def check(args, device) -> dict:
         params = dict(unsharded.named_parameters())
         for name, grad in grads.items():
             params[name].grad = grad
-    ref_params = dict(reference.named_parameters())
+    ref_params = dict(one_process.named_parameters())
     for name, grad in grads.items():
         if not is_expert_parameter(name):
             errors[name] = rel_error(grad, ref_params[name].grad)
     # Expert gradients in HF layout (whatever the backend's own layout): this rank's shard.
     per_rank = config.num_experts // args.ep
     first = layout.ep_rank * per_rank
-    for i, (layer, ref_layer) in enumerate(zip(unsharded.model.layers, reference.model.layers)):
+    for i, (layer, ref_layer) in enumerate(zip(unsharded.model.layers, one_process.model.layers)):
         ref_grads = ref_layer.mlp.experts.hf_gradients()
         for what, grad, ref in zip(("gate_up_proj", "down_proj"), layer.mlp.experts.hf_gradients(),
                                    ref_grads):
@@ -234,7 +158,7 @@ def check(args, device) -> dict:
     # infinite max_norm measures it without scaling anything)
     errors["gradient norm"] = rel_error(
         distributed.clip_grad_norm(model, layout, float("inf")),
-        torch.nn.utils.clip_grad_norm_(reference.parameters(), float("inf")))
+        torch.nn.utils.clip_grad_norm_(one_process.parameters(), float("inf")))
     worst = max(errors, key=errors.get)
     state_dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
     return {"rank": rank, "dp": args.dp, "ep": args.ep, "engine": args.engine,
@@ -322,7 +246,7 @@ def bench(args, device) -> dict:
         config = config.with_overrides(dtype="float32")
     compute, state = dtypes(args, config)
     layout = distributed.init_layout(args.dp, args.ep, config.num_experts)
-    ids = _global_batch(config, world, args.batch, args.seq_len, device)
+    ids = global_batch(config, world, args.batch, args.seq_len, device)
     rank = dist.get_rank()
     mine = ids[rank * args.batch:(rank + 1) * args.batch]
     model, forward, after_backward = _bench_model(args, config, layout, device)

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 # The Transformer Engine release the course was checked with (tools/bootstrap.py installs it; a
-# test holds the two and pyproject's gpu extra together).
+# test holds the two together).
 TE_SERIES = "2.20"
 
 NATIVE, FALLBACK, UNAVAILABLE = "native", "fallback", "unavailable"
@@ -136,6 +136,22 @@ class Capabilities:
                 lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 3)
         return "\n".join(lines)
 
+    def chapters(self) -> dict[str, str]:
+        """Per chapter, what runs here: the features it uses that run natively, and what stands
+        in for each one that does not."""
+        plan = {}
+        for chapter, keys in CHAPTER_FEATURES.items():
+            if not keys:
+                plan[chapter] = "plain PyTorch: runs as written"
+                continue
+            native = [self.features[k].title for k in keys if self.is_native(k)]
+            instead = [f"{self.features[k].title} -> {self.features[k].runs}" for k in keys
+                       if not self.is_native(k)]
+            plan[chapter] = "; ".join(
+                ([f"native: {', '.join(native)}"] if native else []) +
+                ([f"instead: {'; '.join(instead)}"] if instead else []))
+        return plan
+
     def to_dict(self) -> dict:
         return {"environment": asdict(self.env),
                 "features": {k: asdict(f) for k, f in self.features.items()}}
@@ -238,6 +254,78 @@ def _parse_version(text: str | None) -> tuple[int, ...]:
             break
         parts.append(int(piece))
     return tuple(parts)
+
+
+def te_recipe_gates(compute_capability: tuple[int, int], cuda_version: str | None) -> dict:
+    """TE 2.20.2's own answers for its low-precision recipes on a GPU of this compute capability
+    with a torch built for this CUDA, with TE's reasons word for word
+    (transformer_engine/pytorch/quantization.py: `_compute_fp8_support`,
+    `_compute_fp8_block_scaling_support`, `_compute_mxfp8_support`). `detect` asks TE itself
+    where it imports; this answers for a GPU that is not here (`simulated_gpu`). Not modelled:
+    FP8 on Ada also needs cuBLASLt >= 12.1.3, which every CUDA 12.1+ torch ships."""
+    cc, cuda = compute_capability, _parse_version(cuda_version)
+    if cc >= (9, 0):
+        fp8 = (True, "")
+    elif cc < (8, 9):
+        fp8 = (False, "Device compute capability 8.9 or higher required for FP8 execution.")
+    elif cuda < (12, 1):
+        fp8 = (False, "Cuda version 12.1 or higher required for FP8 execution on Ada.")
+    else:
+        fp8 = (True, "")
+    block = ((True, "") if cc >= (9, 0) and cuda >= (12, 9) else
+             (False, "FP8 block scaled GEMM requires compute capability 9.0 or higher and "
+                     "CUDA >= 12.9."))
+    if cc >= (12, 0):
+        mxfp8 = (False, "MXFP8 (for all gemm layouts) is not supported on 12.0+ architectures yet.")
+    elif cc >= (10, 0):
+        mxfp8 = (True, "")
+    else:
+        mxfp8 = (False, "Device compute capability 10.0 or higher required for MXFP8 execution.")
+    return {"fp8": fp8, "fp8_block_scaling": block, "mxfp8": mxfp8}
+
+
+# GPUs a learner may have, by compute capability: (generation, examples). TE supports Ampere
+# and newer (TE 2.20.2's README: "Hardware: Blackwell, Hopper, Grace Hopper/Blackwell, Ada,
+# Ampere"; FP8 "requires Compute Capability 8.9+").
+GPU_GENERATIONS = {
+    (8, 0): ("Ampere", "A100, A30"),
+    (8, 6): ("Ampere", "RTX 3090, RTX A6000, A10, A40"),
+    (8, 9): ("Ada", "L4, L40S, RTX 4090, RTX 6000 Ada"),
+    (9, 0): ("Hopper", "H100, H200"),
+    (10, 0): ("Blackwell", "B200, B300"),
+    (12, 0): ("Blackwell (RTX)", "RTX PRO 6000 Blackwell, RTX 5090"),
+}
+
+
+def simulated_gpu(compute_capability: tuple[int, int], gpu_count: int = 1,
+                  **overrides) -> Environment:
+    """The environment of one GPU of this compute capability with TE 2.20.2 and a CUDA 13.0
+    torch, TE's recipe answers from its own gates (`te_recipe_gates`): what `evaluate` shows
+    for a GPU the learner has and this machine has not."""
+    if compute_capability not in GPU_GENERATIONS:
+        known = ", ".join(f"{a}.{b}" for a, b in GPU_GENERATIONS)
+        raise ValueError(f"no simulated GPU of compute capability {compute_capability}; "
+                         f"choose one of {known}")
+    generation, examples = GPU_GENERATIONS[compute_capability]
+    env = Environment(
+        torch_version=torch.__version__, has_grouped_mm=True, transformers_version="5.17.0",
+        cuda_available=True, gpu_name=f"{generation} ({examples.split(',')[0]})",
+        compute_capability=compute_capability, gpu_count=gpu_count, cuda_version="13.0",
+        te_version="2.20.2", te_support=te_recipe_gates(compute_capability, "13.0"))
+    return replace(env, **overrides)
+
+
+# What each chapter runs, from the features it uses (the course's chapters 01-08).
+CHAPTER_FEATURES = {
+    "01_naive_moe": (),
+    "02_grouped_linear": ("grouped_mm", "te_grouped_linear"),
+    "03_fp8_numerics": ("fp8_current", "fp8_block", "mxfp8"),
+    "04_fp8_training": ("fp8_current", "fp8_delayed", "fp8_block", "mxfp8"),
+    "05_fused_grouped_mlp": ("te_ops_grouped_mlp", "fused_grouped_mlp"),
+    "06_end_to_end": ("grouped_mm", "te_ops_grouped_mlp", "fp8_current", "fp8_block", "mxfp8"),
+    "07_expert_parallel": ("multi_gpu",),
+    "08_your_model": ("grouped_mm", "te_ops_grouped_mlp", "fp8_current"),
+}
 
 
 def evaluate(env: Environment) -> Capabilities:
@@ -391,33 +479,22 @@ def capabilities(import_te: bool = True) -> Capabilities:
 
 def fake_environment(kind: str, **overrides) -> Environment:
     """A plausible environment for tests and for showing what another machine would run:
-    `cpu`, `hopper` (H200 with TE), `blackwell` (B200 with TE and the fused MLP enabled) or
-    `rtx_blackwell` (compute capability 12.0, where TE 2.20 refuses MXFP8)."""
+    `cpu`, `ampere` (A100), `ampere_rtx` (RTX 3090), `ada` (L4), `hopper` (H200), `blackwell`
+    (B200 with the fused MLP enabled) or `rtx_blackwell` (compute capability 12.0, where TE 2.20
+    refuses MXFP8); every GPU with TE 2.20.2, answering as TE's own gates do."""
     base = dict(torch_version=torch.__version__, has_grouped_mm=True, transformers_version="5.17.0")
+    fused_ready = dict(cudnn_frontend_version="1.23.0", fused_mlp_env_set=True)
+    gpus = {"ampere": ((8, 0), "NVIDIA A100-SXM4-80GB", {}),
+            "ampere_rtx": ((8, 6), "NVIDIA GeForce RTX 3090", {}),
+            "ada": ((8, 9), "NVIDIA L4", {}),
+            "hopper": ((9, 0), "NVIDIA H200", {}),
+            "blackwell": ((10, 0), "NVIDIA B200", fused_ready),
+            "rtx_blackwell": ((12, 0), "NVIDIA RTX PRO 6000 Blackwell", fused_ready)}
     if kind == "cpu":
         env = Environment(**base, te_import_error="ImportError: No module named 'transformer_engine'")
-    elif kind == "hopper":
-        env = Environment(
-            **base, cuda_available=True, gpu_name="NVIDIA H200", compute_capability=(9, 0),
-            gpu_count=1, cuda_version="13.0", te_version="2.20.2",
-            te_support={"fp8": (True, ""), "fp8_block_scaling": (True, ""),
-                        "mxfp8": (False, "Device compute capability 10.0 or higher required "
-                                         "for MXFP8 execution.")})
-    elif kind == "blackwell":
-        env = Environment(
-            **base, cuda_available=True, gpu_name="NVIDIA B200", compute_capability=(10, 0),
-            gpu_count=1, cuda_version="13.0", te_version="2.20.2", cudnn_frontend_version="1.23.0",
-            fused_mlp_env_set=True,
-            te_support={"fp8": (True, ""), "fp8_block_scaling": (True, ""), "mxfp8": (True, "")})
-    elif kind == "rtx_blackwell":
-        env = Environment(
-            **base, cuda_available=True, gpu_name="NVIDIA RTX PRO 6000 Blackwell",
-            compute_capability=(12, 0), gpu_count=1, cuda_version="13.0", te_version="2.20.2",
-            cudnn_frontend_version="1.23.0", fused_mlp_env_set=True,
-            te_support={"fp8": (True, ""), "fp8_block_scaling": (True, ""),
-                        "mxfp8": (False, "MXFP8 (for all gemm layouts) is not supported on 12.0+ "
-                                         "architectures yet.")})
+    elif kind in gpus:
+        cc, name, extra = gpus[kind]
+        env = simulated_gpu(cc, gpu_name=name, **extra)
     else:
-        raise ValueError(f"unknown machine kind {kind!r}; choose cpu, hopper, blackwell or "
-                         f"rtx_blackwell")
+        raise ValueError(f"unknown machine kind {kind!r}; choose cpu, {', '.join(gpus)}")
     return replace(env, **overrides)

@@ -13,6 +13,11 @@ new one, never half a file. Beside each, `step_00000200.pt.sha256` holds its che
 checkpoint is verified when read, and a damaged one is reported as damaged, naming the newest
 good one. The newest `keep` of the run's checkpoints up to the one just written are kept.
 
+Nothing on disk runs code: a checkpoint is read only as a plain file (never through a link, never
+a device or a pipe that would be read forever) and unpickled only by torch's `weights_only`
+loader, which builds tensors and plain values and refuses any other object by name. Whoever can
+write the folder can rewrite the checksums too, so they guard against damage, not this.
+
 One folder, one run: a run holds its directory while it trains (`Checkpointing.hold`), so a
 second run into it is refused, naming the first; a new run (not resumed) is refused a directory
 that holds another run's checkpoints, which it would overwrite and prune.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,10 +39,11 @@ from pathlib import Path
 import torch
 
 from .. import safe_io
-from .data import check_count
+from ..arguments import check_count
 
 FORMAT = 1  # bumped when the file's layout changes; older files are refused by name
 NAME = re.compile(r"step_(\d{8})\.pt")
+SHARDED_NAME = re.compile(r"step_(\d{8})(?:\.partial)?")  # dist_checkpoint's folders
 CHECKSUM = ".sha256"  # suffix of the file beside a checkpoint that holds its sha256
 
 
@@ -71,7 +78,8 @@ class Checkpointing:
     def save(self, model, optimizer, step: int, history: list[dict], settings: dict,
              config: dict) -> None:
         save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-              "rng": rng_state(), "history": history, "settings": settings, "config": config},
+              "rng": rng_state(), "history": history, "settings": settings, "config": config,
+              "expert_backend": getattr(model, "expert_backend", None)},
              self.directory, step, self.keep)
 
     def resume(self, model, optimizer, settings: dict, config: dict) -> tuple[int, list[dict]]:
@@ -84,9 +92,13 @@ class Checkpointing:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as exc:
-            raise CheckpointError(
-                f"{state['path']} does not fit this model ({str(exc)[:300]}): was it saved with "
-                f"another expert backend or precision? Resume with the same ones") from exc
+            saved, now = state.get("expert_backend"), getattr(model, "expert_backend", None)
+            advice = (f"it was saved with --backend {saved} and this run uses {now}: resume "
+                      f"with --backend {saved}" if saved is not None and saved != now else
+                      "was it saved with another expert backend or precision? Resume with the "
+                      "same ones")
+            raise CheckpointError(f"{state['path']} does not fit this model "
+                                  f"({one_line(exc, 240)}); {advice}") from exc
         set_rng_state(state["rng"])
         return state["step"], state["history"]
 
@@ -101,6 +113,13 @@ def check_arguments(what: str, directory, every, keep) -> None:
     check_count(f"{what}.keep", keep)
 
 
+def one_line(exc: BaseException, limit: int) -> str:
+    """An exception's message on one line, at most `limit` characters: torch's own span
+    several (load_state_dict lists each missing key on a line of its own)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def path_for(directory: str | Path, step: int) -> Path:
     return Path(directory) / f"step_{step:08d}.pt"
 
@@ -108,7 +127,9 @@ def path_for(directory: str | Path, step: int) -> Path:
 def check_directory(directory: str | Path, resume: bool, *, flag: str = "--checkpoint-dir",
                     steps=None) -> None:
     """Refuse, before a run starts, a checkpoint directory it cannot or must not write into: a
-    link to nowhere, a file, a folder without write permission, or (a new run, not `resume`)
+    link to nowhere, a file, a folder without write permission, one holding the other kind's
+    checkpoints (`steps` given: dist_checkpoint's folders, whose run refuses `.pt` files; else
+    this module's files, whose run refuses checkpoint folders), or (a new run, not `resume`)
     one that holds another run's checkpoints, which the run would overwrite and prune."""
     directory = Path(directory)
     if directory.is_symlink() and not directory.exists():
@@ -121,6 +142,14 @@ def check_directory(directory: str | Path, resume: bool, *, flag: str = "--check
                     if p.exists())
     if not os.access(existing, os.W_OK | os.X_OK):
         raise CheckpointError(f"{flag} {directory}: no permission to write in {existing}; "
+                              f"choose another directory")
+    sharded = steps is not None  # dist_checkpoint passes its own: checkpoint folders
+    other = saved_steps(directory, NAME if sharded else SHARDED_NAME, folders=not sharded)
+    if other:
+        kind, command = (("one-process checkpoints (step_*.pt files)", "`train`") if sharded else
+                         ("distributed checkpoints (step_* folders)", "`train_dist`"))
+        raise CheckpointError(f"{flag} {directory} holds the {kind} of a {command} run (steps "
+                              f"{other}), which this run cannot continue or mix with its own; "
                               f"choose another directory")
     steps = (steps or saved_steps)(directory)
     if steps and not resume:
@@ -170,17 +199,63 @@ def save(state: dict, directory: str | Path, step: int, keep: int) -> Path:
     return final
 
 
+CHECKSUM_LIMIT = 1024  # a checksum file holds 64 hex digits and a newline
+
+
+def _expected_checksum(path: Path) -> str:
+    """The sha256 saved beside the checkpoint `path`; `_Damaged` when it cannot be read."""
+    try:
+        with safe_io.open_regular(checksum_path(path), limit=CHECKSUM_LIMIT) as (f, _):
+            return f.read(CHECKSUM_LIMIT).decode("ascii", "replace").strip()
+    except FileNotFoundError:
+        raise _Damaged(f"its checksum file {checksum_path(path).name} is missing") from None
+    except (OSError, safe_io.UnsafeRead) as exc:
+        raise _Damaged(f"its checksum file cannot be read ({_reason(exc)})") from None
+
+
+class _Damaged(Exception):
+    """Why a checkpoint cannot be trusted, in words (`verify`, `_read`)."""
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, safe_io.UnsafeRead) else (exc.strerror or str(exc))
+
+
+def _read(path: Path, *, load: bool):
+    """The checkpoint `path`, verified against its checksum, then (`load`) read by torch from
+    the very bytes verified: a plain file opened once, never through a link, and unpickled
+    only by torch's `weights_only` loader (tensors and plain containers: a hostile file cannot
+    run code). `_Damaged` saying what is wrong."""
+    expected = _expected_checksum(path)
+    try:
+        with safe_io.open_regular(path) as (f, size):
+            if safe_io.sha256_of_open(f, size) != expected:
+                raise _Damaged("its contents do not match the checksum saved with it")
+            if not load:
+                return None
+            f.seek(0)
+            try:
+                return torch.load(f, map_location="cpu", weights_only=True)
+            except pickle.UnpicklingError as exc:  # weights_only refused an object: not ours
+                refused = next((line.strip() for line in str(exc).splitlines()
+                                if "GLOBAL" in line), one_line(exc, 120))
+                raise _Damaged(f"it holds objects other than tensors and plain values, as no "
+                               f"checkpoint of the course does, and was not loaded ({refused})"
+                               ) from None
+            except Exception as exc:  # torch raises several types for a truncated or foreign file
+                raise _Damaged(f"torch cannot read it safely ({type(exc).__name__}: "
+                               f"{one_line(exc, 200)})") from None
+    except (OSError, safe_io.UnsafeRead) as exc:
+        raise _Damaged(f"it cannot be read ({_reason(exc)})") from None
+
+
 def verify(path: Path) -> str | None:
     """None if `path` matches the checksum saved beside it; else what is wrong, in words."""
     try:
-        expected = checksum_path(path).read_text().strip()
-    except OSError:
-        return f"its checksum file {checksum_path(path).name} is missing"
-    try:
-        actual = safe_io.sha256_of(path)
-    except OSError as exc:
-        return f"it cannot be read ({exc.strerror or exc})"
-    return None if actual == expected else "its contents do not match the checksum saved with it"
+        _read(path, load=False)
+    except _Damaged as exc:
+        return str(exc)
+    return None
 
 
 def load_latest(directory: str | Path) -> dict:
@@ -193,19 +268,14 @@ def load_latest(directory: str | Path) -> dict:
                               f"Start the run without --resume (resume=False), or point "
                               f"--checkpoint-dir at the directory the run saved into")
     path = path_for(directory, steps[-1])
-    damage = verify(path)
-    state = None
-    if damage is None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises several types for a truncated or foreign file
-            damage = f"torch cannot read it ({type(exc).__name__}: {str(exc)[:200]})"
-    if damage is not None:
+    try:
+        state = _read(path, load=True)
+    except _Damaged as exc:
         good = next((path_for(directory, s) for s in reversed(steps[:-1])
                      if verify(path_for(directory, s)) is None), None)
         advice = (f"the newest intact one is {good}: move {path.name} away to resume from it"
                   if good is not None else "no intact checkpoint is left: start a new run")
-        raise CheckpointError(f"{path} is damaged ({damage}); {advice}")
+        raise CheckpointError(f"{path} is damaged ({exc}); {advice}") from None
     if not isinstance(state, dict):  # a file of the right name that holds something else
         raise CheckpointError(f"{path} is not a checkpoint (it holds a {type(state).__name__}, "
                               f"not a training state): move it out of {directory}, or start a "

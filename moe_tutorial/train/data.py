@@ -58,8 +58,6 @@ entropy of 4.196 bits (2.908 nats): the same model scored on the data it was cou
 from __future__ import annotations
 
 import gzip
-import math
-import numbers
 import random
 import re
 import warnings
@@ -71,12 +69,19 @@ from pathlib import Path
 
 import torch
 
+from ..arguments import check_count
 from ..locations import package_data
-from ..moe.config import AMINO_ACIDS, BOS_ID, EOS_ID, SPECIAL_TOKENS, UNKNOWN, VOCAB, VOCAB_SIZE
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizer
 
+# The protein vocabulary the course's models embed (`MoEConfig`'s default vocab_size is its size)
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+PAD_ID, BOS_ID, EOS_ID = range(len(SPECIAL_TOKENS))
+AMINO_ACIDS = "ACDEFGHIKLMNPQRSTVWY"
+UNKNOWN = "X"
+VOCAB = (*SPECIAL_TOKENS, *AMINO_ACIDS, UNKNOWN)
+VOCAB_SIZE = len(VOCAB)
 ALIASES = {"B": "X", "Z": "X", "J": "X", "U": "C", "O": "K"}
 
 _RESIDUE_IDS = {token: i for i, token in enumerate(VOCAB) if len(token) == 1}
@@ -91,20 +96,6 @@ ALLOWED_RESIDUES = (
     + ", ".join(f"{alias}→{target}" for alias, target in ALIASES.items())
     + ", in upper or lower case"
 )
-
-
-def check_count(name: str, value, *, least: int = 1) -> None:
-    """Refuse a count that is not an integer >= `least` (bool, float and str included: a
-    float seq_len or a negative slice bound would fail deep inside torch or drop data silently)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{name}={value!r} must be an integer >= {least}")
-
-
-def check_positive_number(name: str, value) -> None:
-    """Refuse a value that is not a finite number > 0 (bool and str included)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name}={value!r} must be a finite number > 0")
 
 
 def find_invalid_residue(sequence: str) -> int | None:

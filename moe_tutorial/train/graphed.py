@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.nn.attention import SDPBackend
 
-from ..moe import model
+from ..moe.model import MoEForCausalLM
 from .loop import TrainSettings, _adamw_groups, loss_of
 
 
@@ -36,15 +36,19 @@ GRAPH_SAFE_ATTENTION_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIEN
 
 
 @contextlib.contextmanager
-def graph_safe_attention() -> Iterator[None]:
-    """Inside this block the model's attention chooses among `GRAPH_SAFE_ATTENTION_BACKENDS`
-    (`model.Attention` reads `model.ATTENTION_BACKENDS` at every call)."""
-    saved = model.ATTENTION_BACKENDS
-    model.ATTENTION_BACKENDS = GRAPH_SAFE_ATTENTION_BACKENDS
+def graph_safe_attention(module: torch.nn.Module) -> Iterator[None]:
+    """Inside this block every model of ours in `module` chooses its attention kernels among
+    `GRAPH_SAFE_ATTENTION_BACKENDS` (`MoEForCausalLM.set_attention_backends`); HF's attention
+    keeps its own choice."""
+    ours = [m for m in module.modules() if isinstance(m, MoEForCausalLM)]
+    saved = [m.attention_backends for m in ours]
+    for m in ours:
+        m.set_attention_backends(GRAPH_SAFE_ATTENTION_BACKENDS)
     try:
         yield
     finally:
-        model.ATTENTION_BACKENDS = saved
+        for m, backends in zip(ours, saved):
+            m.set_attention_backends(backends)
 
 
 def train_step_body(forward: Callable, batch, params: list[torch.Tensor],
@@ -105,7 +109,7 @@ class GraphedTrainStep:
         if self.warmup_left:
             self.warmup_left -= 1
             self._side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._side), graph_safe_attention():
+            with torch.cuda.stream(self._side), graph_safe_attention(self.model):
                 self.optimizer.zero_grad(set_to_none=True)
                 loss = self._body()
             torch.cuda.current_stream().wait_stream(self._side)
@@ -115,7 +119,7 @@ class GraphedTrainStep:
             # rewritten (not accumulated) by every replay
             self.optimizer.zero_grad(set_to_none=True)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph), graph_safe_attention():
+            with torch.cuda.graph(self.graph), graph_safe_attention(self.model):
                 self.loss = self._body()
         self.graph.replay()
         return self.loss

@@ -32,11 +32,12 @@ from dataclasses import asdict, dataclass, is_dataclass
 import torch
 from tqdm.auto import tqdm
 
+from ..arguments import check_count, check_positive_number
 from ..moe.batch import check_batch
 from ..moe.model import MoEForCausalLM, is_expert_parameter
 from ..precision import hardware
 from . import checkpoint as ckpt
-from .data import check_count, check_positive_number, iterate_batches
+from .data import iterate_batches
 
 
 @dataclass(frozen=True)

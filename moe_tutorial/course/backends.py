@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 
+from .. import display
 from ..moe import dispatch, experts
 from ..precision import hardware
 from ..precision.quant import rel_error
-from . import widgets
 
 QUANTITIES = ("out", "d_hidden", "d_weights", "d_gate_up", "d_down")
 QUANTITY_HEADERS = ("output", "d hidden", "d routing weights", "d gate_up_proj", "d down_proj")
@@ -69,8 +69,8 @@ def errors_against(checked: dict[str, dict], base: str = "naive") -> dict[str, d
 
 
 def agreement_table(checked: dict[str, dict], errors: dict[str, dict[str, float]], *,
-                    title: str) -> widgets.Table:
-    return widgets.Table(["backend", *QUANTITY_HEADERS, "what ran"],
+                    title: str) -> display.Table:
+    return display.Table(["backend", *QUANTITY_HEADERS, "what ran"],
                          [[name, *[f"{errors[name][q]:.1e}" for q in QUANTITIES],
                            checked[name]["path"]] for name in checked], title=title)
 
@@ -82,7 +82,7 @@ def variant_label(row: dict) -> str:
     return f"{row['backend']} {row['precision']}" + (" (CUTLASS)" if row.get("cutlass") else "")
 
 
-def timing_table(timings: dict[str, list[dict]], *, title: str) -> widgets.Table:
+def timing_table(timings: dict[str, list[dict]], *, title: str) -> display.Table:
     """`bench.bench_expert_layer`'s rows of each shape, one row per variant and one column per
     shape: the median time and the speedup against the loop, or why the variant did not run
     (its status; the rows keep the error)."""
@@ -96,7 +96,7 @@ def timing_table(timings: dict[str, list[dict]], *, title: str) -> widgets.Table
             else:
                 text = f"{r['median_ms']:.2f}"
             cells.setdefault(variant_label(r), {})[shape] = text
-    return widgets.Table(["variant", *(f"{shape}: ms (vs loop)" for shape in timings)],
+    return display.Table(["variant", *(f"{shape}: ms (vs loop)" for shape in timings)],
                          [[label, *(by_shape.get(shape, "") for shape in timings)]
                           for label, by_shape in cells.items()], title=title)
 
@@ -104,7 +104,7 @@ def timing_table(timings: dict[str, list[dict]], *, title: str) -> widgets.Table
 def timing_figure(timings: dict[str, list[dict]], *, title: str):
     """Forward + backward time and speedup against the loop of every variant that ran, per
     shape; None without plotly."""
-    go = widgets.plotly_go()
+    go = display.plotly_go()
     if go is None:
         return None
     from plotly.subplots import make_subplots
@@ -113,7 +113,7 @@ def timing_figure(timings: dict[str, list[dict]], *, title: str):
                                                         "speedup vs the naive loop"))
     for i, (shape, rows) in enumerate(timings.items()):
         ok = [r for r in rows if r.get("status") == "ok"]
-        color = widgets.PALETTE[i % len(widgets.PALETTE)]
+        color = display.PALETTE[i % len(display.PALETTE)]
         labels = [variant_label(r) for r in ok]
         fig.add_trace(go.Bar(x=labels, y=[r["median_ms"] for r in ok], name=shape,
                              marker_color=color), row=1, col=1)

@@ -4,7 +4,7 @@ over a sweep, and the course's committed H200 numbers for a reference shape.
 
     layer = expert_sweep.one_layer(8, hidden=128, intermediate=256, top_k=2, dtype="float32", device="cpu")
     agreement = expert_sweep.compare_backends(layer, ["naive", "grouped_torch"], tokens=2048)
-    widgets.show_table(agreement.table())
+    display.show_table(agreement.table())
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import display
 from ..moe import config, dispatch, experts
 from ..moe.model import MoEForCausalLM, route
+from ..perf import bench, results, timing
 from ..precision.quant import rel_error
-from . import bench, results, timing, widgets
 
 
 def one_layer(num_experts: int, *, hidden: int, intermediate: int, top_k: int, dtype: str,
@@ -50,11 +51,11 @@ class Agreement:
     def worst(self) -> float:
         return max((e for errs in self.errors.values() for e in errs if not math.isnan(e)), default=0.0)
 
-    def table(self) -> widgets.Table:
+    def table(self) -> display.Table:
         rows = [[name, *[("–" if math.isnan(e) else f"{e:.1e}") for e in errs], self.paths[name]]
                 for name, errs in self.errors.items()]
         rows += [[name, "not run", "", "", "", why] for name, why in self.skipped.items()]
-        return widgets.Table(
+        return display.Table(
             ["backend", "output", "d hidden", "d routing weights", "d expert weights", "what ran (last_path)"],
             rows, title=self.title,
             note="–: a TE backend keeps its own parameters (weight0 … weight{E-1}), so it is compared "
@@ -136,16 +137,16 @@ def time_backends(backends: list[str], num_experts: int, tokens: int, *, hidden:
 
 
 def sweep_table(by_experts: dict[int, dict], backends: list[str], *, tokens: int, top_k: int,
-                title: str) -> widgets.Table:
+                title: str) -> display.Table:
     """ms per backend and the grouped path's speed-up over the loop, one row per expert count."""
     rows = [[num_experts, f"{tokens * top_k / num_experts:,.0f}",
              *[f"{r[b]['ms']:.2f}" if b in r else "–" for b in backends],
              f"{r['naive']['ms'] / r['grouped_torch']['ms']:.2f}x"] for num_experts, r in by_experts.items()]
-    return widgets.Table(["experts", "rows per expert", *[f"{b} (ms)" for b in backends], "grouped_torch speed-up"],
+    return display.Table(["experts", "rows per expert", *[f"{b} (ms)" for b in backends], "grouped_torch speed-up"],
                          rows, title=title)
 
 
-def quoted_expert_table(shape: str = "fine_grained", precision: str = "bf16") -> widgets.Table | None:
+def quoted_expert_table(shape: str = "fine_grained", precision: str = "bf16") -> display.Table | None:
     """The course's committed H200 numbers for one expert shape (benchmarks/results/h200.json),
     quoted with the run's GPU and versions; None where the file is not found."""
     path = results.find("h200.json")
@@ -160,7 +161,7 @@ def quoted_expert_table(shape: str = "fine_grained", precision: str = "bf16") ->
     rows = [[b, *[f"{quoted[b, how]['median_ms']:.1f} ({quoted[b, how]['speedup_vs_loop']:.2f}x)"
                   if (b, how) in quoted else "–" for how in bench.ROUTINGS],
              "yes" if any(r.get("default") for (name, _), r in quoted.items() if name == b) else ""] for b in names]
-    return widgets.Table(
+    return display.Table(
         ["backend", *[f"{how}: ms (vs loop)" for how in bench.ROUTINGS], "course's default"], rows,
         title=f"{shape}: {ref.tokens:,} tokens, H={ref.hidden}, I={ref.intermediate}, {ref.experts} experts, "
               f"top-{ref.top_k}, {precision}, forward + backward — measured by the course on one {env['gpu']}, "

@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from unittest import mock
 
+from .. import display
 from ..parallel import distributed
-from . import memory, results, widgets
-from .train_dist import launch
+from ..perf import memory, results
+from ..perf.train_dist import launch
 
 GB = 1e9
 
@@ -43,7 +44,7 @@ def show_training_state(config, name: str, gpus=(1, 2, 4, 8)) -> dict:
             rows.append([n, f"dp{dp} × ep{ep}" + (" FSDP2" if engine == "fsdp2" else ""), what,
                          f"{held['expert'] / 1e9:.2f}", f"{held['dense'] / 1e9:.2f}",
                          f"{_gib(state[kind, n]):,.0f}", f"{_gib(fp32):,.0f}"])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["GPUs", "layout", "what is split", "expert params (B)", "dense params (B)", "state, 8 B/param (GiB)",
          "state, 16 B/param (GiB)"],
         rows, title=f"{name}: what one GPU holds (memory.training_state; activations on top)"))
@@ -59,7 +60,7 @@ def show_mesh(dp: int, ep: int, num_experts: int) -> None:
         first = ep_rank * num_experts // ep
         rows.append([rank, dp_rank, ep_rank, f"{first}..{first + num_experts // ep - 1}",
                      str([dp_rank * ep + e for e in range(ep)]), str([d * ep + ep_rank for d in range(dp)])])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["rank", "dp rank", "ep rank", "experts held", "ep group (all-to-all)", "dp group (expert gradients)"],
         rows, title=f"dp{dp} × ep{ep}: {dp * ep} processes, {num_experts} experts"))
 
@@ -141,7 +142,7 @@ def check_against_one_process(launches: Launches, tolerance: float) -> float:
         top = max(result["results"], key=lambda r: r["max_rel_error"])
         worst = max(worst, top["max_rel_error"])
         rows.append([name, f"{top['max_rel_error']:.1e}", top["worst"]])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["layout", "max relative error", "in tensor"], rows,
         title=f"{launches.nproc} processes vs 1: logits and every gradient (tiny preset, fp32, {launches.where})",
         note=f"‖distributed − single‖ / ‖single‖ per tensor, worst rank; allowed {tolerance:g}"))
@@ -171,7 +172,7 @@ def show_communication(models: dict, nproc: int, unit: str = "GPU") -> dict:
                          f"{c['all_to_all_remote_bytes'] / GB:.4g}", f"{c['dense_allreduce_bytes'] / GB:.4g}",
                          f"{c['expert_allreduce_bytes'] / GB:.4g}", f"{out[model_name, name]['sent'] / GB:.4g}",
                          f"{_gib(state):.3g}"])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["model", "tokens per rank", "layout", "all-to-all (GB)", "… crossing (GB)", "dense all-reduce (GB)",
          "expert all-reduce (GB)", "sent (GB)", "state (GiB)"],
         rows, title="per step and rank (computed)",
@@ -221,7 +222,7 @@ def show_scaling(runs: dict, launches: Launches, preset: str) -> dict:
                     if nccl else "–"]
         rows.append(row)
     env = next(iter(runs.values()))["ranks"][0]["environment"]
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["layout", "precision", "ms/step", f"tokens/s per {unit}", f"vs 1 {unit} (same script)",
          f"{flop_unit} per {unit}"]
         + (["peak GiB", "all-to-all / all-reduce ms"] if launches.gpus else []), rows,
@@ -250,7 +251,7 @@ def show_h200x2() -> dict:
         rows.append([name, s["precision"], f"{s['median_ms']:.1f}", f"{s['tokens_per_s_per_gpu']:,.0f}",
                      f"{s['scaling_efficiency_vs_1_gpu']:.2f}", f"{s['peak_memory_gb']:.1f}",
                      f"{s['nccl_alltoall_ms_per_step_max_rank']:.1f} / {s['nccl_allreduce_ms_per_step_max_rank']:.1f}"])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["layout", "precision", "ms/step", "tokens/s per GPU", "vs 1 process (same script)", "peak GiB per GPU",
          "NCCL all-to-all / all-reduce ms"], rows,
         title=f"measured by the course on {env['machine']}, {env['date']}; torch {env['torch']}, "
@@ -278,4 +279,4 @@ def show_summary(launches: Launches, worst_error: float, scaling: dict, state: d
             ["2 × H200 (quoted): vs 1, dp1 × ep2 / dp2 × ep1, bf16 · FP8",
              " · ".join(f"{h200[p, 'dp1 × ep2']['scaling_efficiency_vs_1_gpu']:.2f} / "
                         f"{h200[p, 'dp2 × ep1']['scaling_efficiency_vs_1_gpu']:.2f}" for p in ("bf16", "fp8"))]]
-    widgets.show_table(widgets.Table(["", "value"], rows, title=f"07 · expert parallelism ({mode} mode, {launches.where})"))
+    display.show_table(display.Table(["", "value"], rows, title=f"07 · expert parallelism ({mode} mode, {launches.where})"))

@@ -10,7 +10,8 @@ import importlib.util
 
 import torch
 
-from . import bench, results, timing, widgets
+from .. import display
+from ..perf import bench, results, timing
 
 
 def variants_here(caps, on_gpu: bool, compiled_baseline: bool, fp8_choice) -> tuple[list[str], dict[str, str]]:
@@ -76,7 +77,7 @@ def show_step_table(rows: list[dict], not_run: dict, peaks: timing.Peaks, peak_l
                           timing.mfu_text(r["tflops"], peaks.of(precision), missing="–"),
                           "" if r["peak_memory_gb"] is None else f"{r['peak_memory_gb']:.1f}",
                           f"{r['loss_diff']:.1e}", _ratio_text(ratio(ok, v, "hf_eager"))])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["variant", "ms/step", "tokens/s", "precision", "MFU (measured / datasheet peak)", "peak GiB",
          "Δ first loss", "vs HF eager"], table, title=title, note=f"peaks: {peak_label}"))
     return ok
@@ -92,7 +93,7 @@ def show_loss_curves(curves: list[dict], steps: int, lr: float, dtype: str) -> d
     plain = [x for v, x in level.items() if bench.VARIANTS[v].precision_kind != "fp8"]
     low, high = (min(plain), max(plain)) if plain else (float("nan"), float("nan"))
     band = high - low
-    reference = next(iter(level), None)
+    baseline = next(iter(level), None)
     rows = []
     for r in curves:
         v = r["variant"]
@@ -103,9 +104,9 @@ def show_loss_curves(curves: list[dict], steps: int, lr: float, dtype: str) -> d
         if bench.VARIANTS[v].precision_kind == "fp8":
             check = ("inside" if low - band <= level[v] <= high + band else
                      "outside (a run this short is no verdict on FP8)")
-        rows.append([v, f"{level[v]:.4f}", f"{level[v] - level[reference]:+.3f}", check])
-    widgets.show_table(widgets.Table(
-        ["variant", f"loss, mean of the last {tail_steps} steps", f"vs {reference or '—'}",
+        rows.append([v, f"{level[v]:.4f}", f"{level[v] - level[baseline]:+.3f}", check])
+    display.show_table(display.Table(
+        ["variant", f"loss, mean of the last {tail_steps} steps", f"vs {baseline or '—'}",
          f"FP8: inside {low - band:.3f}–{high + band:.3f}?"],
         rows, title=f"loss curves: {steps} steps, lr {lr:g}, protein sequences; the {dtype} curves "
                     f"spread {band:.3f} nats (summation order)"))
@@ -131,7 +132,7 @@ def show_published() -> dict:
     hf = headline["hf_row"]
     rows.append(["HF transformers bf16", f"{headline['gpus']}, {hf['layout'].split(' (')[0]}",
                  f"{hf['tokens_per_s_per_gpu']:,}", "not comparable: another layout, batch and starting weights"])
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["configuration", "GPUs, layout", "tokens/s per GPU", "ratio"], rows,
         title=f"NVIDIA's {published['model']} recipe: its public files ({published['repository']}), quoted"))
     return published
@@ -151,5 +152,5 @@ def show_summary(ok: dict, not_run: dict, levels: dict, title: str, note: str = 
         else:
             rows.append([v, f"{r['median_ms']:.1f}", f"{r['tokens_per_s']:,.0f}", _ratio_text(ratio(ok, v, "hf_eager")),
                          level])
-    widgets.show_table(widgets.Table(["variant", "ms/step", "tokens/s", "vs HF eager", "loss curve level"],
+    display.show_table(display.Table(["variant", "ms/step", "tokens/s", "vs HF eager", "loss curve level"],
                                      rows, title=title, note=note))

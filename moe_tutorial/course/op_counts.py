@@ -3,7 +3,7 @@ counts of top-level ATen operations (what Python or autograd dispatched; on a GP
 kernel), and on a GPU the kernels, their durations and the idle gaps between them.
 
     profile = op_counts.profile_train_steps(model, step, steps=2, device="cpu")
-    widgets.show_table(profile.table())
+    display.show_table(profile.table())
     op_counts.aten_ops_per_layer("naive", num_experts=64, hidden=128, intermediate=256, top_k=2)
 """
 
@@ -15,9 +15,9 @@ from typing import Callable
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from .. import display
 from ..moe import dispatch, experts
 from ..moe.model import route
-from . import widgets
 
 EXPERTS_LABEL = "experts forward"
 STEP_LABEL = "train step"
@@ -65,7 +65,7 @@ class StepOps:
     experts_ms: float
     gpu: dict = field(default_factory=dict)  # kernels, median_kernel_us, median_gap_us, idle (share)
 
-    def table(self) -> widgets.Table:
+    def table(self) -> display.Table:
         rows = [["top-level ATen ops per training step", f"{self.ops:,.0f}"],
                 ["… of which in the experts' forward passes",
                  f"{self.expert_ops:,.0f} ({100 * self.expert_ops / self.ops:.0f}%)"],
@@ -78,7 +78,7 @@ class StepOps:
                      ["median kernel duration (µs)", f"{self.gpu['median_kernel_us']:.1f}"],
                      ["median gap between kernels (µs)", f"{self.gpu['median_gap_us']:.1f}"],
                      ["GPU idle between kernels (% of profiled time)", f"{100 * self.gpu['idle']:.0f}%"]]
-        return widgets.Table(["training step", "measured"], rows,
+        return display.Table(["training step", "measured"], rows,
                              title=f"torch.profiler over {self.steps} training steps ({self.device})")
 
 

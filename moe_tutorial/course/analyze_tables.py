@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
+from .. import display
 from ..moe import families
-from . import widgets
 
 
 def count_text(n: float) -> str:
@@ -32,7 +32,7 @@ def show_recommendation(report: dict) -> dict:
     GPU. A layout of None means none was chosen. Returns {machine: {item: choice}}."""
     machines = report["recommendation"]["machines"]
     items = [item["item"] for item in next(iter(machines.values()))]
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["", *machines], [[item, *((layout_text if item == "layout" else str)(machines[m][i]["choice"]) for m in machines)]
                           for i, item in enumerate(items)],
         title=f"{report['model']['name']}: recommended at {report['recommendation']['judged_at']}"))
@@ -75,7 +75,7 @@ def show_shipped(shipped: dict, pad_tokens: int, pad_align: int) -> dict:
                      f"{sum(row['fits'] for row in r['memory']['rows'])} of {len(r['memory']['rows'])}"])
         blocks += [] if whole else [name]
     settings = next(iter(shipped.values()))["settings"]
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["config", "MoE layers", "hidden", "experts × width", "router", "shared expert", "parameters", "active per token",
          f"rows per expert at {pad_tokens:,} tokens", f"padding at align {pad_align}",
          f"layouts of {settings['gpus']} GPUs that fit"], rows,
@@ -91,7 +91,7 @@ def show_families() -> None:
     rows = [[key, f.causal_lm, f.fields["num_experts"], f.fields["intermediate_size"],
              f.fields.get("norm_topk_prob", "– (always)"), ", ".join(f"{k}={v!r}" for k, v in f.fixed.items()) or "–"]
             for key, f in families.FAMILIES.items()]
-    widgets.show_table(widgets.Table(
+    display.show_table(display.Table(
         ["model_type", "transformers class", "experts from", "expert width from", "renormalise from", "fixed by the family"],
         rows, title="families.FAMILIES: how each family's config maps onto MoEConfig",
         note=f"moe.hf.from_hf converts: {families.supported_classes()}"))

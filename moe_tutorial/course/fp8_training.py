@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from .. import display
 from ..moe import routing
+from ..perf import bench, timing
 from ..precision import hardware, recipes
-from . import bench, timing, widgets
 
 HYPOTHETICAL = {"Hopper H200 (hypothetical)": "hopper",
                 "Blackwell B200 (hypothetical)": "blackwell",
@@ -26,7 +27,7 @@ def recipe_choices(caps: hardware.Capabilities) -> dict[tuple[str, str], recipes
             for p in recipes.PREFERENCES}
 
 
-def recipe_table(choices: dict[tuple[str, str], recipes.Precision]) -> widgets.Table:
+def recipe_table(choices: dict[tuple[str, str], recipes.Precision]) -> display.Table:
     """One row per machine: the recipe under each preference and the rows per expert it aligns
     to ("(emulated)" where no TE recipe runs: MXFP8 numerics in PyTorch only)."""
     machines = list(dict.fromkeys(m for m, _ in choices))
@@ -36,7 +37,7 @@ def recipe_table(choices: dict[tuple[str, str], recipes.Precision]) -> widgets.T
         aligns = list(dict.fromkeys(str(c.align) for c in picked))
         rows.append([m, *[c.name + ("" if c.native else " (emulated)") for c in picked],
                      " / ".join(aligns)])
-    return widgets.Table(["machine", *[p.replace("_", " ") for p in recipes.PREFERENCES],
+    return display.Table(["machine", *[p.replace("_", " ") for p in recipes.PREFERENCES],
                           "rows per expert aligned to"], rows, title="recipes.recipe_for")
 
 
@@ -54,9 +55,9 @@ def padding_shares(shapes, aligns, *, seed: int = 0) -> dict[tuple[str, str], di
     return shares
 
 
-def padding_table(shapes, shares, aligns) -> widgets.Table:
+def padding_table(shapes, shares, aligns) -> display.Table:
     by_name = {s.name: s for s in shapes}
-    return widgets.Table(
+    return display.Table(
         ["shape", "routed rows", "experts", "routing", *[f"align {a}" for a in aligns]],
         [[name, f"{by_name[name].tokens:,} × top-{by_name[name].top_k} = "
                 f"{by_name[name].tokens * by_name[name].top_k:,}", by_name[name].experts, how,
@@ -96,7 +97,7 @@ def tail_loss(row: dict, n: int = 10) -> float:
     return sum(losses) / len(losses) if losses else float("nan")
 
 
-def training_table(rows: list[dict], *, title: str) -> widgets.Table:
+def training_table(rows: list[dict], *, title: str) -> display.Table:
     """Each recipe's step time, speed and final loss against bf16's of the same run."""
     base = next((r for r in rows if r["variant"] == "bf16" and r["status"] == "ok"), None)
     out = []
@@ -111,7 +112,7 @@ def training_table(rows: list[dict], *, title: str) -> widgets.Table:
                     f"{r['losses'][0]:.3f} → {tail_loss(r):.3f}",
                     f"{tail_loss(r) - tail_loss(base):+.4f}" if base else "",
                     (r.get("path") or "").split(":")[0]])  # what ran, without the why
-    return widgets.Table(["recipe", "ms/step", "tokens/s", "speed vs bf16", "peak GiB",
+    return display.Table(["recipe", "ms/step", "tokens/s", "speed vs bf16", "peak GiB",
                           "loss: first → last 10", "Δ vs bf16", "what ran"], out, title=title)
 
 
@@ -148,7 +149,7 @@ def speed_summary(summaries: list[dict]) -> dict[str, str]:
 
 def loss_figure(rows: list[dict], *, title: str = "loss per recipe"):
     """The loss curve of every recipe that trained; None without plotly or without curves."""
-    go = widgets.plotly_go()
+    go = display.plotly_go()
     ok = [r for r in rows if r["status"] == "ok"]
     if go is None or not ok:
         return None
@@ -156,7 +157,7 @@ def loss_figure(rows: list[dict], *, title: str = "loss per recipe"):
     for i, r in enumerate(ok):
         fig.add_trace(go.Scatter(x=list(range(1, len(r["losses"]) + 1)), y=r["losses"],
                                  name=r["variant"], mode="lines",
-                                 line=dict(color=widgets.PALETTE[i % len(widgets.PALETTE)])))
+                                 line=dict(color=display.PALETTE[i % len(display.PALETTE)])))
     fig.update_layout(title=title, xaxis_title="step", yaxis_title="loss", height=400,
                       template="plotly_white", legend=dict(orientation="h", y=-0.25))
     return fig

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import bench
-from .widgets import Table
+from ..display import Table
+from ..perf import bench
 
 # the not-adopted candidate's suffix in committed rows, and what it changed
 STEP_IN_BACKWARD, STEP_IN_BACKWARD_TECHNIQUE = "_step_in_backward", "AdamW stepped in the backward pass"

@@ -406,9 +406,16 @@ def _fasta(tmp_path, raw: bytes, name: str = "x.fa") -> Path:
 PROTEIN = b">a\nMKVLAAGLLLAAGKKEELWRRPQ\n>b\nMSTNPKPQRKTKRNTNRRPQDVKF\n"
 
 
-def test_a_utf16_fasta_is_named_as_utf16(tmp_path):
-    path = _fasta(tmp_path, PROTEIN.decode().encode("utf-16"))
-    refused(lambda: data.load_sequences(path), data.FastaFormatError, "UTF-16", "UTF-8")
+@pytest.mark.parametrize("encoding, named", [
+    ("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"), ("utf-16-be", "UTF-16"),
+    ("utf-32", "UTF-32"), ("utf-32-le", "UTF-32"), ("utf-32-be", "UTF-32")])
+def test_a_wide_fasta_is_named_by_its_encoding(tmp_path, encoding, named):
+    """With or without a byte-order mark; UTF-32LE's mark begins with UTF-16LE's."""
+    path = _fasta(tmp_path, PROTEIN.decode().encode(encoding))
+    refused(lambda: data.load_sequences(path), data.FastaFormatError, named, "UTF-8")
+    with pytest.raises(data.FastaFormatError) as exc:
+        data.load_sequences(path)
+    assert f"-f {named} -t UTF-8" in str(exc.value)
 
 
 def test_a_fastq_file_is_named_as_not_fasta(tmp_path):

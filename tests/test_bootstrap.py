@@ -40,6 +40,8 @@ FAKE_PYTHON = textwrap.dedent('''\
 
     if args[:1] == ["-c"]:
         code = args[1]
+        if "'moe_tutorial'" in code:  # the check that an installed environment still has the course
+            sys.exit(0 if state.get("torch") and state.get("course", True) else 1)
         if "transformer_engine" in code:
             sys.exit(print(state["te"]) if state.get("te") else 1)
         if "import torch" in code:
@@ -54,7 +56,7 @@ FAKE_PYTHON = textwrap.dedent('''\
             sys.exit("No module named venv")
         inherit = "--system-site-packages" in args
         target = Path(args[-1])
-        (target / "bin").mkdir(parents=True)
+        (target / "bin").mkdir(parents=True, exist_ok=True)
         shutil.copy2(me, target / "bin" / "python")
         # the machine's facts (network, GPU) carry over; packages only with the system's
         child = {{"log": state["log"], **{{k: state[k] for k in
@@ -248,7 +250,9 @@ def test_a_rerun_needs_no_network_until_pyproject_changes(checkout, monkeypatch)
     (bootstrap.VENV / "state.json").write_text(json.dumps({**venv_state, "offline": True}))
     log.unlink()
     assert bootstrap.main(["--extras", "test", "--", "-m", "pytest", "-q"]) == 0
-    assert [c["args"] for c in calls(log)] == [["-m", "pytest", "-q"]]  # straight to it
+    # straight to it, after finding torch and the course still there
+    assert [c["args"][:1] if c["args"][0] == "-c" else c["args"] for c in calls(log)] == [
+        ["-c"], ["-m", "pytest", "-q"]]
     # an extra the environment lacks needs an install, and offline that fails with a reason
     with pytest.raises(SystemExit, match="failed"):
         bootstrap.ensure_environment({"course"}, base_python=str(system))
@@ -431,4 +435,25 @@ def test_what_only_the_tests_import_goes_beside_the_environment(checkout, monkey
     # installed once: the next run goes straight to the command, without pip
     log.unlink()
     assert bootstrap.main(["--extras", "test", "--test-only", "--", "-m", "pytest"]) == 0
-    assert [c["args"] for c in calls(log)] == [["-m", "pytest"]]
+    assert [c["args"] for c in calls(log) if c["args"][0] != "-c"] == [["-m", "pytest"]]
+
+
+@pytest.mark.parametrize("broken", ["torch removed", "course removed", "interpreter gone"])
+def test_an_environment_whose_stamp_matches_but_lost_its_packages_is_installed_again(
+        checkout, capsys, broken):
+    log = checkout / "log"
+    system = fake_python(checkout / "usr", log)
+    bootstrap.ensure_environment({"test"}, base_python=str(system))
+    venv_python = bootstrap.environment_python(bootstrap.VENV)
+    if broken == "interpreter gone":
+        venv_python.unlink()
+    else:
+        key = "torch" if broken == "torch removed" else "course"
+        (bootstrap.VENV / "state.json").write_text(
+            json.dumps({**state(bootstrap.VENV), key: None if key == "torch" else False}))
+    log.unlink()
+    capsys.readouterr()
+    bootstrap.ensure_environment({"test"}, base_python=str(system))
+    assert pip_installs(log), "an environment without the course was trusted by its stamp"
+    if broken != "interpreter gone":  # a new venv: its own line says it is created
+        assert "no longer finds torch or the course" in capsys.readouterr().out

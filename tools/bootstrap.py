@@ -247,6 +247,19 @@ def installed_extras(prefix: Path) -> set[str] | None:
     return set(current["extras"])
 
 
+def finds_the_course(python: Path) -> bool:
+    """Whether `python` starts and finds torch and the course: the stamp says what was installed,
+    not what is still there (a removed package, an interpreter whose base Python is gone).
+    Finding, not importing: torch's import would cost every command seconds."""
+    probe = ("import importlib.util as u, sys; "
+             "sys.exit(0 if all(map(u.find_spec, ('torch', 'moe_tutorial'))) else 1)")
+    try:
+        return subprocess.run([str(python), "-c", probe], capture_output=True,
+                              timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _lock_torch() -> str:
     """The torch version the lock file pins (its public part: 2.13.0 for 2.13.0+cpu)."""
     for line in LOCK.read_text().splitlines():
@@ -303,6 +316,10 @@ def ensure_environment(extras: set[str], base_python: str = sys.executable) -> P
         raise SystemExit(f"error: the active environment {prefix} has no {python}; activate "
                          f"another one, or deactivate it to use {VENV}")
     installed = installed_extras(prefix)
+    if installed is not None and not finds_the_course(python):
+        print(f"{prefix} was set up for the course, but its Python no longer finds torch or the "
+              f"course there: installing them again", flush=True)
+        installed = None
     if installed is not None and extras <= installed:
         return python  # the course is there at these inputs: no install, no network
     extras = extras | (installed or set())

@@ -10,7 +10,6 @@ by its variables (`MAKE_COURSE`).
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -176,14 +175,19 @@ def parameter_defaults(notebook: Path, names: InputNames = PYTHON_API) -> dict[s
     defaults: dict[str, object] = {}
     for cell in cells:
         if "parameters" in cell.get("metadata", {}).get("tags", []):
-            with contextlib.suppress(SyntaxError):
-                for node in ast.walk(ast.parse(source_text(cell.get("source", "")))):
-                    if isinstance(node, ast.Assign):
-                        for target in node.targets:
-                            if isinstance(target, ast.Name):
-                                defaults[target.id] = _literal(node.value)
-                    elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                        defaults.setdefault(node.id, COMPUTED)
+            try:
+                tree = ast.parse(source_text(cell.get("source", "")))
+            except SyntaxError as exc:  # it would stop the notebook at its first cell
+                raise RunError(f"{notebook}: its parameters cell is not valid Python (line "
+                               f"{exc.lineno}: {exc.msg}); fix that cell in Jupyter, or leave "
+                               f"the notebook out of {names.notebooks}") from None
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        if isinstance(target, ast.Name):
+                            defaults[target.id] = _literal(node.value)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    defaults.setdefault(node.id, COMPUTED)
     return defaults
 
 

@@ -440,6 +440,9 @@ def parse_args(argv=None, check: bool = True) -> argparse.Namespace:
         parser.error(f"--model {args.model} is for --mode bench only")
     if args.hf_checkpoint and args.mode != "train":
         parser.error("--hf-checkpoint is for --mode train")
+    for flag, value in (("--checkpoint-dir", args.checkpoint_dir), ("--out", args.out)):
+        if value is not None and not str(value).strip():
+            parser.error(f"{flag} is empty (an unset variable?): give a path, or leave {flag} out")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume continues from a checkpoint: give its --checkpoint-dir")
     return args

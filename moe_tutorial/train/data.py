@@ -160,14 +160,26 @@ class FastaRecord:
     line: int  # 1-based line number of the header
 
 
+def _wide_encoding(start: bytes) -> str | None:
+    """"UTF-32" or "UTF-16" when a file's first 4 bytes show one (a byte-order mark, as Windows'
+    "Unicode" writes, or a FASTA header's ">" beside NUL bytes); None for UTF-8, ASCII or gzip.
+    UTF-32's marks first: UTF-32LE's begins with UTF-16LE's."""
+    if start in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff", b">\x00\x00\x00", b"\x00\x00\x00>"):
+        return "UTF-32"
+    if start[:2] in (b"\xff\xfe", b"\xfe\xff", b">\x00", b"\x00>"):
+        return "UTF-16"
+    return None
+
+
 def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield (line number, text) of a plain or gzipped text file, one line at a time."""
     with open(path, "rb") as f:
-        start = f.read(2)
-    gzipped = start == _GZIP_MAGIC  # the content decides, not the file name
-    if start in (b"\xff\xfe", b"\xfe\xff"):  # the byte-order mark of UTF-16 (Windows' "Unicode")
-        raise FastaFormatError(f"{path}: UTF-16 text; save it as UTF-8 (in Notepad: Save As, "
-                               f"Encoding UTF-8), or convert it: iconv -f UTF-16 -t UTF-8")
+        start = f.read(4)
+    gzipped = start[:2] == _GZIP_MAGIC  # the content decides, not the file name
+    wide = _wide_encoding(start)
+    if wide:
+        raise FastaFormatError(f"{path}: {wide} text; save it as UTF-8 (in Notepad: Save As, "
+                               f"Encoding UTF-8), or convert it: iconv -f {wide} -t UTF-8")
     number = 0
     with (gzip.open if gzipped else open)(path, "rb") as f:
         try:

@@ -84,9 +84,12 @@ class GraphedTrainStep:
         self.forward = forward or model
         self.warmup_left = warmup
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if not torch.cuda.is_available() or not all(p.is_cuda for p in self.params):
+            raise ValueError("GraphedTrainStep captures a CUDA graph: its model must be on a CUDA "
+                             "GPU (model.to('cuda')); elsewhere use train.loop.train_step")
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs = self.targets = self.loss = None
-        self._side = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self._side = torch.cuda.Stream()
 
     def _body(self) -> torch.Tensor:
         return train_step_body(self.forward, (self.inputs, self.targets), self.params,

@@ -63,6 +63,9 @@ class TrainSettings:
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
             # ValueError, as for every bad setting: one type for callers to catch
             raise ValueError(f"TrainSettings.seed={self.seed!r} must be an integer")  # noqa: TRY004
+        if not 0 <= self.seed < 2**64:
+            raise ValueError(f"TrainSettings.seed={self.seed} is outside [0, 2**64 - 1], the seeds "
+                             "torch takes")
         if not self.warmup_steps < self.steps:
             raise ValueError(f"TrainSettings.warmup_steps={self.warmup_steps} must be in "
                              f"[0, steps={self.steps})")

@@ -8,6 +8,7 @@ own kernels on this machine, and if not, in one line, what runs instead.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -93,6 +94,14 @@ def convert_experts(experts: Experts, name: str, **options) -> Experts:
 def _check_options(name: str, backend: Backend, options: dict) -> None:
     if options and not issubclass(backend.cls, TEExperts):
         raise ValueError(f"backend {name!r} takes no options, got {sorted(options)}")
+    # Each TE backend takes its class's keyword options, less what the registry fixes and the
+    # placement (dtype, device), which conversion takes from the experts converted.
+    takes = {p.name for p in inspect.signature(backend.cls.__init__).parameters.values()
+             if p.kind is p.KEYWORD_ONLY} - set(backend.options) - {"dtype", "device"}
+    unknown = sorted(set(options) - takes)
+    if unknown:
+        raise ValueError(f"backend {name!r} takes no option {', '.join(unknown)}; its options: "
+                         f"{', '.join(sorted(takes))}")
 
 
 def backend_label(experts: Experts) -> str:

@@ -79,7 +79,7 @@ def test_a_recorded_cell_replays_its_output_and_values_on_a_cpu(tmp_path, monkey
     path.write_text(json.dumps(record))
     monkeypatch.delenv(gpu_replay.RECORD_ENV)
     on_cpu = "from moe_tutorial.course.lesson import setup\nSETUP = setup('', 'cpu')"
-    replayed = _run([on_cpu, BODY, "print(speedup * 2, rows[0]['variant'])"], tmp_path,
+    replayed = _run([on_cpu, BODY, "print(speedup * 2, rows[0]['variant'])", BODY], tmp_path,
                     {gpu_replay.REPLAY_ENV: str(path)}, monkeypatch)
     text = "".join(o.get("text", "") for o in replayed.cells[1].outputs)
     assert replayed.cells[1].outputs[0]["text"].startswith(
@@ -87,6 +87,8 @@ def test_a_recorded_cell_replays_its_output_and_values_on_a_cpu(tmp_path, monkey
     assert "a warning of the GPU process" not in text
     assert "measured on the GPU" in text
     assert replayed.cells[2].outputs[0]["text"] == "2.5 fp8\n"
+    again = replayed.cells[3].outputs[0]["text"]  # the same run's label, once in full is enough
+    assert again.startswith("[committed GPU run on the NVIDIA H100 80GB HBM3, as at") and "torch" not in again
 
 
 def test_an_edited_cell_says_so_and_sets_its_names_to_none(tmp_path, monkeypatch):

@@ -119,14 +119,21 @@ def test_a_course_run_counts_only_for_the_source_it_ran_in_small_mode(tmp_path):
 MAX_OUTPUT_WORDS = 600  # printed output a learner reads per chapter, in small mode
 
 
+FIGURE_MIMES = ("image/", "application/vnd.plotly")
+
+
 def output_words(executed: dict) -> int:
     """Words (2+ letters) of an executed notebook's outputs as a reader sees them: streams, and
-    each display's text form (a table's text, not its HTML twin; a figure's one-line text)."""
+    each display's text form (a table's text, not its HTML twin). A figure is seen, not read:
+    its text form is the fallback a renderer without it would print, and the course's clock
+    times it as a figure (tools/chapter_clock.printed_output)."""
     import re
 
     words = 0
     for cell in executed["cells"]:
         for output in cell.get("outputs", []):
+            if any(mime.startswith(FIGURE_MIMES) for mime in output.get("data", {})):
+                continue
             text = output.get("text") or output.get("data", {}).get("text/plain", "")
             words += len(re.findall(r"[A-Za-z]{2,}", "".join(text) if isinstance(text, list) else text))
     return words
@@ -156,4 +163,8 @@ def test_output_words_read_streams_and_text_forms_only():
     executed = {"cells": [{"outputs": [{"output_type": "stream", "text": ["two words\n"]},
                                        {"output_type": "display_data",
                                         "data": {"text/plain": "three more words", "text/html": "<b>many many</b>"}}]}]}
+    assert output_words(executed) == 5
+    figure = {"output_type": "display_data",
+              "data": {"application/vnd.plotly.v1+json": {}, "text/plain": "<plotly figure: many words>"}}
+    executed["cells"][0]["outputs"].append(figure)
     assert output_words(executed) == 5

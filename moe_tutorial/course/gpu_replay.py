@@ -53,9 +53,12 @@ def magic_names(source: str) -> list[str] | None:
     return first[1:]
 
 
-def label(environment: dict) -> str:
-    """The one line above a replayed output: which GPU, which versions, when."""
+def label(environment: dict, *, first: bool = True) -> str:
+    """The one line above a replayed output: which GPU, which versions, when; after the first
+    replayed cell of a run, which GPU only (the rest is the same, and stated there)."""
     gpu = environment.get("gpu", "a GPU")
+    if not first:
+        return f"[committed GPU run on the {gpu}, as at this notebook's first such cell]"
     versions = ", ".join(f"{name} {environment[key]}" for name, key in
                          (("torch", "torch"), ("TE", "transformer_engine"), ("CUDA", "cuda"))
                          if environment.get(key))
@@ -124,12 +127,12 @@ def _text(value) -> str:
     return "".join(value) if isinstance(value, list) else str(value or "")
 
 
-def replay(cell: dict, environment: dict) -> None:
+def replay(cell: dict, environment: dict, *, first: bool = True) -> None:
     """Show a recorded cell's outputs under its label (what it printed and displayed; its
-    warnings on stderr stay in the record)."""
+    warnings on stderr stay in the record); `first`: the label in full."""
     from IPython.display import display
 
-    print(label(environment), flush=True)
+    print(label(environment, first=first), flush=True)
     for output in cell.get("outputs", []):
         if output.get("stream") == "stderr":
             continue  # the GPU process's warnings (its paths, its libraries): not the lesson
@@ -145,6 +148,7 @@ class NeedsGpu:
 
     def __init__(self, device: str):
         self.on_gpu = device.startswith("cuda")
+        self.labelled: list[dict] = []  # the environments whose label was shown in full
 
     def __call__(self, line: str, cell: str) -> None:
         from IPython import get_ipython
@@ -167,7 +171,8 @@ class NeedsGpu:
             shell.user_ns.update({name: None for name in names})
             return
         cell_record, environment = recorded
-        replay(cell_record, environment)
+        replay(cell_record, environment, first=environment not in self.labelled)
+        self.labelled.append(environment)
         shell.user_ns.update({name: cell_record["kept"].get(name) for name in names})
 
     @staticmethod

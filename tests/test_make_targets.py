@@ -13,7 +13,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on
 
 
 def dry_run(*args: str) -> str:
-    done = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True)
+    # --no-print-directory: under `make test` (a make inside make) make would add its
+    # "Entering directory" lines around the commands
+    done = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=ROOT,
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

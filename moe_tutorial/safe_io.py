@@ -353,16 +353,23 @@ def hold_folder(directory: str | Path, what: str):
         return FolderBusy(f"{directory} is in use by {holder}; wait for it to finish or stop "
                           f"it, or use another folder")
 
+    fd = _take_lock(lock, busy, lambda: directory.mkdir(parents=True, exist_ok=True),
+                    lambda why: f"{directory} cannot be used ({why}); choose a folder you can "
+                                f"write to")
+    with _holding(lock, fd, what):
+        yield directory
+
+
+def _take_lock(lock: Path, busy, prepare, cannot) -> int:
+    """`_lock(lock, busy)` after `prepare()` (making the lock's folder); an OS error of either
+    becomes one `WriteFailed` line, `cannot(the error in words)`."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = _lock(lock, busy)
+        prepare()
+        return _lock(lock, busy)
     except WriteFailed:
         raise
     except OSError as exc:
-        raise WriteFailed(exc.errno, f"{directory} cannot be used ({_describe(exc)}); choose a "
-                                     f"folder you can write to") from None
-    with _holding(lock, fd, what):
-        yield directory
+        raise WriteFailed(exc.errno, cannot(_describe(exc))) from None
 
 
 def check_folder_free(directory: str | Path, what: str) -> None:
@@ -403,15 +410,9 @@ def claim_output(path: str | Path, what: str, *, replace: bool, flag: str | None
                         f"it, or choose another file name")
 
     made = [p for p in (path.parent, *path.parent.parents) if not p.exists()] if make_parents else []
-    try:
-        if made:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _lock(lock, busy)
-    except WriteFailed:
-        raise
-    except OSError as exc:
-        raise WriteFailed(exc.errno, f"{path} cannot be written ({_describe(exc)}); nothing was "
-                                     f"changed: choose a folder you can write to") from None
+    fd = _take_lock(lock, busy, lambda: made and path.parent.mkdir(parents=True, exist_ok=True),
+                    lambda why: f"{path} cannot be written ({why}); nothing was changed: choose "
+                                f"a folder you can write to")
     key = _claim_key(path)
     try:
         with _holding(lock, fd, what):

@@ -20,6 +20,7 @@ processes. The JSON is rewritten after every run; a markdown table is printed at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from dataclasses import asdict, dataclass
 from moe_tutorial.moe.config import preset
 from moe_tutorial.parallel import distributed
 from moe_tutorial.perf import train_dist
-from moe_tutorial.safe_io import UnsafeWrite, check_target, write_json
+from moe_tutorial.safe_io import FolderBusy, UnsafeWrite, WriteFailed, claim_output, write_json
 
 # The precisions the matrix trains in (names `recipes.resolve` takes: the model's dtype and the
 # fastest FP8 recipe), which are also the two peaks MFU is quoted against.
@@ -419,12 +420,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.gpus is None:
         parser.error("--gpus is required (or --table FILE)")
-    if args.out and not args.dry_run:
-        try:
-            check_target(args.out, replace=args.replace, flag="--out")
-        except UnsafeWrite as exc:
-            parser.error(str(exc))
+    with contextlib.ExitStack() as claim:
+        if args.out and not args.dry_run:
+            # One writer per result file until the matrix ends (`safe_io.claim_output`): a
+            # second matrix, or any course command, writing the same file stops here, before its
+            # first run, instead of both running and one report silently replacing the other.
+            try:
+                claim.enter_context(claim_output(args.out, "`benchmarks.matrix`",
+                                                 replace=args.replace, flag="--out",
+                                                 make_parents=True))
+            except (UnsafeWrite, FolderBusy, WriteFailed) as exc:
+                parser.exit(2, f"error: {exc.strerror if isinstance(exc, OSError) else exc}\n")
+        return _plan_and_run(parser, args)
 
+
+def _plan_and_run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The matrix `main` parsed (its --out claimed): the commands printed (--dry-run), or every
+    run measured and its table printed."""
     import torch
 
     on_gpu = torch.cuda.is_available()

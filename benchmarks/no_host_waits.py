@@ -3,7 +3,7 @@
 Runs the expert layer (forward + backward, permutation included) on one of `bench`'s shapes for
 the bf16 loop, TE's paths and the sync-free backends, then the training step of `bench`'s model
 (mixtral-2l, batch 2 × 4096) for the named variants, each row with its host-sync record
-(`bench._sync_record`), and writes a report in `bench --out`'s format (environment, measured
+(`bench.sync_record`), and writes a report in `bench --out`'s format (environment, measured
 peaks, results, summary), rewritten after every row so a run cut short keeps what it measured.
 With `--curve-variants`, also their loss curves over `--curve-steps` steps
 (`bench.graphed_loss_curves`: eager variants through the course's loop, graphed ones through

@@ -48,26 +48,10 @@ def _info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(caps.to_dict(), indent=2))
     else:
-        print(caps.describe_machine())
-        print()
-        print(caps.table())
-    if warning := _te_version_warning(caps.env.te_version, caps.env.cuda_available):
+        print(caps.describe_machine(), caps.table(), caps.chapter_plan(), sep="\n\n")
+    if warning := caps.te_version_warning():
         print(f"warning: {warning}", file=sys.stderr)
     return 0
-
-
-def _te_version_warning(te_version: str | None, cuda_available: bool) -> str | None:
-    """A Transformer Engine other than the release the course was checked with, or none on a
-    GPU: what to do about it (docs/gpu.md)."""
-    from .precision import hardware
-
-    if te_version is None:
-        return (f"Transformer Engine is not installed: the TE rows fall back; `make gpu` installs "
-                f"TE {hardware.TE_SERIES} (docs/gpu.md)") if cuda_available else None
-    if not te_version.startswith(f"{hardware.TE_SERIES}."):
-        return (f"Transformer Engine {te_version} is installed; the course was checked with "
-                f"{hardware.TE_SERIES}.x, so its TE chapters may fail or differ (docs/gpu.md)")
-    return None
 
 
 def _lab(args: argparse.Namespace) -> int:
@@ -431,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m moe_tutorial", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    info = sub.add_parser("info", help="what this machine can run (the capability table)")
+    info = sub.add_parser("info", help="what this machine can run (the capability table) and "
+                                       "what each chapter runs here")
     info.add_argument("--json", action="store_true", help="print machine-readable JSON")
     info.add_argument("--no-te", action="store_true", help="do not import Transformer Engine")
     info.set_defaults(run=_info)

@@ -1,7 +1,7 @@
 """Where the package finds files, so that an installed wheel runs as a checkout does: its own data
 through `importlib.resources`, a clone's folders from the current directory up, and the folder
 it is imported from (for the processes it starts). No module locates a file from its own
-`__file__` (tests/test_architecture.py fails on one), since a wheel holds no repository folders."""
+`__file__` (tests/project/test_architecture.py fails on one), since a wheel holds no repository folders."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config, items):
 def _modules_with_shared_fixtures(root: Path) -> set[str]:
     """The test modules that define a fixture built once per module (a JupyterLab server, a
     trained model): read from their source, since the scheduler runs before collection."""
-    return {path.relative_to(root).as_posix() for path in (root / "tests").glob("test_*.py")
+    return {path.relative_to(root).as_posix() for path in (root / "tests").rglob("test_*.py")
             if 'scope="module"' in path.read_text() or 'scope="class"' in path.read_text()}
 
 

@@ -1,5 +1,5 @@
 """What every notebook of the course must satisfy, and how the tests run one under nbval: shared
-by tests/test_notebooks.py (the walkthrough) and tests/test_exercise_notebooks.py (the exercises).
+by tests/integration/test_notebooks.py (the walkthrough) and tests/notebooks/test_exercise_notebooks.py (the exercises).
 
 nbval runs in a child pytest so that its kernels get a known environment: MOE_TUTORIAL_MODE=small
 (whatever the machine; the notebooks' `parameters` cells read it), no $JPY_SESSION_NAME (a headless
@@ -32,7 +32,9 @@ def tagged(path: Path, tag: str) -> list[dict]:
 GPU_RECORD_PENDING: dict[str, str] = {}
 NOT_RUN = r"not (run|trained|compared) here|did not run"
 
-MAX_PARAMETER_LINES = 4  # the environment is read by lesson.setup, not by the cell
+# One name per line, as papermill reads a parameters cell (it skips a line with two `=`, so
+# `MODE = DEVICE = ""` would be no parameter to it): MODE, DEVICE, LIVE and at most four sizes.
+MAX_PARAMETER_LINES = 7  # the environment is read by lesson.setup, not by the cell
 
 
 def parameter_lines(source: str) -> int:
@@ -42,9 +44,11 @@ def parameter_lines(source: str) -> int:
 
 def assert_parameters_and_no_outputs(notebook: Path) -> None:
     """One `parameters` cell of at most `MAX_PARAMETER_LINES` lines that defines MODE, DEVICE
-    and LIVE (empty: `lesson.setup` reads the environment); nothing that raises on purpose; no
-    outputs in git."""
+    and LIVE (empty: `lesson.setup` reads the environment), every name one papermill reads;
+    nothing that raises on purpose; no outputs in git."""
     import ast
+
+    import papermill
 
     params = tagged(notebook, "parameters")
     assert len(params) == 1, "exactly one cell tagged 'parameters' (papermill injects after it)"
@@ -53,6 +57,9 @@ def assert_parameters_and_no_outputs(notebook: Path) -> None:
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
     for name in ("MODE", "DEVICE", "LIVE"):
         assert name in assigned, f"the parameters cell should define {name}"
+    unread = assigned - set(papermill.inspect_notebook(str(notebook)))
+    assert not unread, (f"papermill does not read {sorted(unread)} as parameters: write one "
+                        f"`NAME = value  # help` per line, no `=` in the comment")
     assert parameter_lines(source) <= MAX_PARAMETER_LINES, (
         f"the parameters cell has {parameter_lines(source)} lines (at most {MAX_PARAMETER_LINES}): "
         f"leave the environment to lesson.setup and the sizes' defaults to its DEFAULTS")

@@ -14,7 +14,7 @@ README's headline chart (`docs/train-step-ladder.svg`) is drawn here from the sa
     python -m tools.docs --check   # exit 1, with a diff per region, where they disagree
 
 A re-run of a benchmark changes the documents by `docs`; a hand edit inside a region or of the
-chart, or a result file that changed without `docs`, fails `--check` (tests/test_docs.py runs it
+chart, or a result file that changed without `docs`, fails `--check` (tests/tools/test_docs.py runs it
 with the suite). Each region lives in exactly one document, whichever it is; a region lost or
 doubled in an edit is an error. Figures published by others come from `published_recipe.json`,
 each with the file it was published in. The output is a function of the committed files alone

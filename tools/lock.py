@@ -12,7 +12,7 @@ so that it holds for every Python the README promises, and record what each pin 
 2. The same requirements resolve again for every newer Python the course supports, constrained
    to the lock: a pin that does not fit one of them stops the lock with that Python named.
 3. cpu-lock-python.txt records, per pin, its Requires-Python and the CPython versions its wheels
-   cover (from the index's PEP 691 JSON), so tests/test_lock.py checks the floor offline.
+   cover (from the index's PEP 691 JSON), so tests/tools/test_lock.py checks the floor offline.
 
 uv reads its own settings (UV_DEFAULT_INDEX, UV_INDEX, ...), not pip's: behind a mirror, set
 those, or pass `--torch-index` and `--find-links`.
@@ -96,7 +96,7 @@ def release_facts(name: str, version: str) -> tuple[str, str]:
 def write_table(lock_pins: dict[str, str]) -> None:
     lines = ["# What each pin of cpu-lock.txt needs of Python: its Requires-Python and the CPython",
              "# versions its wheels cover (`any`: pure Python or abi3). Written by `make lock`",
-             "# (tools/lock.py); tests/test_lock.py checks it against the README's Pythons."]
+             "# (tools/lock.py); tests/tools/test_lock.py checks it against the README's Pythons."]
     for name, version in sorted(lock_pins.items()):
         requires, wheels = release_facts(name, version)
         lines.append(f"{name}=={version} | {requires} | {wheels}")

@@ -2,7 +2,7 @@
 
     python -m tools.notebook_outputs NOTEBOOK...   # exit 1 naming each notebook that holds some
 
-The pre-commit hook runs it on the notebooks of a commit; tests/test_project.py on every
+The pre-commit hook runs it on the notebooks of a commit; tests/project/test_project.py on every
 tracked one. Standard library only.
 """
 

@@ -2,7 +2,7 @@
 
     python tools/screenshots.py [PYTEST ARGS]
 
-runs the browser tests (tests/test_browser.py: JupyterLab started as `make lab` starts it, on a
+runs the browser tests (tests/integration/test_browser.py: JupyterLab started as `make lab` starts it, on a
 fresh working copy, driven in Debian's headless Chromium) with MOE_TUTORIAL_UPDATE_DOCS=1, so
 each test copies its screenshots into docs/ once its checks have passed: a picture in docs/ is
 always one of a course that worked. It then lists which pictures were written and fails (exit 1)

@@ -29,7 +29,7 @@ running a notebook leaves behind: outputs, execution counts, cell timings (`exec
 `papermill` metadata are stripped. The output is deterministic (byte-identical on every run). A
 region outside a function body, without its hint, unclosed or nested is an error that names the
 notebook, cell and line. `--check` writes nothing and fails (exit 1) when `exercises/` differs from
-what the build would write, saying which file and how to fix it; CI runs it (tests/test_build.py).
+what the build would write, saying which file and how to fix it; CI runs it (tests/course/test_build.py).
 
 A learner's work is never overwritten. Each exercise carries, in its metadata (`moe_tutorial_build`),
 a hash of its cells' sources as the build wrote them; the build replaces an exercise only while

@@ -15,15 +15,17 @@ hold (not recorded yet, or edited since) says so in one line and defines its nam
 The committed run is one JSON file, `benchmarks/results/gpu_course_full.json`, written by
 `tools/record_gpu_run.py` from `moe_tutorial run` on a GPU made with $MOE_TUTORIAL_RECORD_GPU=1
 (each chapter with the GPU, versions, mode and date of the run that executed it) (which makes each such cell also display its names' values, as JSON,
-for the recorder). `tests/test_gpu_replay.py` fails when a chapter's marked cell has no committed
+for the recorder). `tests/course/test_gpu_replay.py` fails when a chapter's marked cell has no committed
 output for its current source."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import sys
+import tokenize
 
 from ..perf import results
 
@@ -40,9 +42,21 @@ MAX_OUTPUT_BYTES = 200_000
 
 def cell_digest(source: str) -> str:
     """The digest that ties a recorded output to the cell source that printed it: the whole cell,
-    magic line included, with trailing spaces and blank lines at either end ignored."""
-    lines = [line.rstrip() for line in source.strip().splitlines()]
+    magic line included, with comments, trailing spaces and blank lines ignored (none of them
+    changes what the cell prints, so a reworded comment keeps its recorded output)."""
+    lines = [line.rstrip() for line in _without_comments(source).splitlines() if line.strip()]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+
+
+def _without_comments(source: str) -> str:
+    """`source` less its comments, read by Python's tokenizer (so a `#` inside a string stays).
+    Source the tokenizer cannot read is taken whole: its comments then count as code."""
+    try:
+        tokens = [token for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                  if token.type != tokenize.COMMENT]
+        return tokenize.untokenize(tokens)
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return source
 
 
 def magic_names(source: str) -> list[str] | None:

@@ -25,7 +25,7 @@ import torch
 from . import families
 
 # The size of the protein vocabulary the course's models embed by default: train/data.py holds
-# the vocabulary with the data it tokenizes (tests/test_data.py checks the two agree).
+# the vocabulary with the data it tokenizes (tests/train/test_data.py checks the two agree).
 PROTEIN_VOCAB_SIZE = 24
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -269,12 +269,12 @@ def run(variants: Sequence[str], *, preset_name: str = "mixtral-2l", batch: int 
     for name in variants:
         bench.variant(name)  # unknown names refused before any work
     config = preset(preset_name)
-    data = bench._random_batch(config, batch, seq_len, device)
+    data = bench.random_batch(config, batch, seq_len, device)
     results = {}
     for name in variants:
         v = bench.variant(name)
         module, forward = v.build(config, device)
-        step = bench._timed_step(module, forward, v.optimizer(module, 1e-5), data)
+        step = bench.timed_step(module, forward, v.optimizer(module, 1e-5), data)
         median = timing.time_fn(step, warmup=3, iters=10, device=device).median_ms
         gaps = profile(step, device=device, steps=steps, warmup=1, with_stack=with_stack)
         paths = module.expert_paths() if hasattr(module, "expert_paths") else []

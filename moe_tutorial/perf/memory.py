@@ -19,8 +19,8 @@ worst, and reports the largest:
     step       after the backward pass: state with gradients, plus the all-reduce buffer
 
 `saved_activations` lists, tensor by tensor, what this package's model saves for the backward pass
-(tests/test_memory.py measures it on the real model with `torch.autograd.graph.saved_tensors_hooks`).
-Engines: "single" (one process, no gradient averaging: what `bench.py` measures), "replicated"
+(tests/perf/test_memory.py measures it on the real model with `torch.autograd.graph.saved_tensors_hooks`).
+Engines: "single" (one process, no gradient averaging: what `bench` measures), "replicated"
 (every rank a full copy, experts sharded over `ep`, `distributed.average_gradients`' flat
 buffer), "fsdp2" (`distributed.fully_shard_layout`). Expert backends: "grouped_torch" (measured on
 a CPU), "te_grouped_linear" and "te_ops" (what TE 2.20.2 saves, read from its source and cited

@@ -51,7 +51,7 @@ from ..arguments import check_count
 from ..moe.config import PRESETS, preset
 from ..moe.experts import Experts, backend_label
 from ..precision import hardware
-from .bench import Variant, _random_batch, _timed_step
+from .bench import Variant, random_batch, timed_step
 from .step_parts import (
     COLORS,
     PARTS,
@@ -203,7 +203,7 @@ def profile_step(step: Callable[[], object], *, device, steps: int = 3,
     """Run `step()` `warmup` times, then `steps` times under torch.profiler, and split the
     profiled steps' time by part: kernel time on a CUDA device, the calling thread's op time on a
     CPU (the module docstring says what each means). `step` must run one whole training step
-    (forward, backward, optimizer step), e.g. `bench._timed_step(...)`."""
+    (forward, backward, optimizer step), e.g. `bench.timed_step(...)`."""
     prof, dev = profiled_steps(step, device=device, steps=steps, warmup=warmup)
     on_gpu = dev.type == "cuda"
     events = prof.events()
@@ -232,8 +232,8 @@ def profile_train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if not isinstance(batches, Sequence) or not batches or not all(
             isinstance(b, tuple) and len(b) == 2 for b in batches):
         raise ValueError("batches must be an (inputs, targets) tuple of tensors or a non-empty "
-                         "list of them, e.g. bench._random_batch(config, 4, 64, device)")
-    steps_in_turn = itertools.cycle([_timed_step(model, forward, optimizer, batch)
+                         "list of them, e.g. bench.random_batch(config, 4, 64, device)")
+    steps_in_turn = itertools.cycle([timed_step(model, forward, optimizer, batch)
                                      for batch in batches])
     breakdown = profile_step(lambda: next(steps_in_turn)(), device=device, steps=steps,
                              warmup=warmup)
@@ -387,7 +387,7 @@ def chapter_breakdowns(cfg, *, upto: str, device, batch: int = 4, seq_len: int =
                          "launch=train_dist.launch")
     dev = _device(device)
     te_on_gpu = dev.type == "cuda" and hardware.capabilities().has_te
-    data = _random_batch(cfg, batch, seq_len, dev)
+    data = random_batch(cfg, batch, seq_len, dev)
     bars = ChapterBars({}, {})
     for chapter in chapters:
         if chapter == "expert_parallel":

@@ -24,6 +24,7 @@ subprocess for a notebook; `benchmarks.matrix` runs every layout of a machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -173,7 +174,7 @@ MODELS = ("ours", "hf")
 # NCCL's kernels by the words in their names: FSDP2's all-gathers and reduce-scatters, the
 # replicated engine's all-reduces, expert parallelism's all-to-alls (sendrecv on some versions).
 NCCL_KERNELS = ("allgather", "reducescatter", "allreduce", "alltoall", "sendrecv")
-# What `--model hf` runs, as results name it (bench.py's name for the same baseline).
+# What `--model hf` runs, as results name it (bench's name for the same baseline).
 HF_BASELINE = "hf_grouped_mm"
 HF_PATH = "HF transformers MixtralForCausalLM, experts_implementation='grouped_mm', sdpa attention"
 
@@ -252,7 +253,7 @@ def bench(args, device) -> dict:
     model, forward, after_backward = _bench_model(args, config, layout, device)
     optimizer = make_optimizer(model, TrainSettings(lr=1e-5, steps=2, warmup_steps=0))
 
-    def step():  # the training loop's step, timed as bench.py times it (no clipping, no sync)
+    def step():  # the training loop's step, timed as bench times it (no clipping, no sync)
         train_step(model, (mine, next_token_targets(mine)), optimizer, grad_clip=None,
                    forward=forward, guard=False, after_backward=after_backward)
     if device.type == "cuda":
@@ -456,26 +457,49 @@ def run(args: argparse.Namespace, device: torch.device) -> dict:
     return MODES[args.mode](args, device)
 
 
+def claim_out(args: argparse.Namespace, claim: contextlib.ExitStack) -> bool:
+    """Rank 0, the rank that writes `--out`, claims it into `claim` (`safe_io.claim_output`)
+    before the work, so a second run writing the same file stops at once instead of both
+    running and one result silently replacing the other. Every rank learns the outcome (one
+    broadcast): a refused claim stops them all, none waiting in a collective for a rank 0 that
+    stopped. Rank 0 says why in one line. True: this rank stops."""
+    if not args.out:  # the same arguments on every rank: all skip the broadcast together
+        return False
+    refusal = [None]
+    if dist.get_rank() == 0:
+        try:  # an existing file is replaced, as before claims: `launch` gives a fresh name
+            claim.enter_context(safe_io.claim_output(args.out, "`train_dist`", replace=True,
+                                                     flag="--out"))
+        except (safe_io.UnsafeWrite, safe_io.FolderBusy, safe_io.WriteFailed) as exc:
+            refusal = [exc.strerror if isinstance(exc, OSError) else str(exc)]
+            print(f"error: {refusal[0]}", file=sys.stderr, flush=True)
+    dist.broadcast_object_list(refusal, src=0)
+    return refusal[0] is not None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = _setup()
 
     try:
-        try:
-            result = run(args, device)
-        except (ValueError, TrainingDiverged) as exc:
-            # The user's setup or a failed training (a damaged checkpoint, a diverged loss): the
-            # same on every rank, so one line from rank 0, which `launch` reports alone
+        with contextlib.ExitStack() as claim:
+            if claim_out(args, claim):
+                return 2
+            try:
+                result = run(args, device)
+            except (ValueError, TrainingDiverged) as exc:
+                # The user's setup or a failed training (a damaged checkpoint, a diverged loss):
+                # the same on every rank, so one line from rank 0, which `launch` reports alone
+                if dist.get_rank() == 0:
+                    print(f"error: {exc}", file=sys.stderr, flush=True)
+                return 1 if isinstance(exc, TrainingDiverged) else 2
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, result)
             if dist.get_rank() == 0:
-                print(f"error: {exc}", file=sys.stderr, flush=True)
-            return 1 if isinstance(exc, TrainingDiverged) else 2
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, result)
-        if dist.get_rank() == 0:
-            report = {"mode": args.mode, "results": gathered}
-            print("RESULT " + json.dumps(report))
-            if args.out:  # whole or not at all: `launch` trusts a file that exists
-                safe_io.write_json(args.out, report, replace=True)
+                report = {"mode": args.mode, "results": gathered}
+                print("RESULT " + json.dumps(report))
+                if args.out:  # whole or not at all: `launch` trusts a file that exists
+                    safe_io.write_json(args.out, report, replace=True)
     finally:
         dist.destroy_process_group()
     return 0

@@ -152,6 +152,25 @@ class Capabilities:
                 ([f"instead: {'; '.join(instead)}"] if instead else []))
         return plan
 
+    def chapter_plan(self) -> str:
+        """`chapters` as aligned text under its heading (what `info` prints after the table)."""
+        plan = self.chapters()
+        width = max(map(len, plan))
+        return "\n".join(["What each chapter runs on this machine:",
+                          *(f"  {chapter.ljust(width)}  {runs}" for chapter, runs in plan.items())])
+
+    def te_version_warning(self) -> str | None:
+        """A Transformer Engine other than the release the course was checked with, or none on a
+        GPU: what to do about it (docs/gpu.md)."""
+        te_version = self.env.te_version
+        if te_version is None:
+            return (f"Transformer Engine is not installed: the TE rows fall back; `make gpu` "
+                    f"installs TE {TE_SERIES} (docs/gpu.md)") if self.env.cuda_available else None
+        if not te_version.startswith(f"{TE_SERIES}."):
+            return (f"Transformer Engine {te_version} is installed; the course was checked with "
+                    f"{TE_SERIES}.x, so its TE chapters may fail or differ (docs/gpu.md)")
+        return None
+
     def to_dict(self) -> dict:
         return {"environment": asdict(self.env),
                 "features": {k: asdict(f) for k, f in self.features.items()}}
@@ -328,18 +347,22 @@ CHAPTER_FEATURES = {
 }
 
 
-def evaluate(env: Environment) -> Capabilities:
-    """Apply the course's rules to an environment: one `Feature` per entry of FEATURES."""
-    te_ok = env.te_version is not None and env.te_import_error is None
-    cc = env.compute_capability or (0, 0)
-    gpu = env.cuda_available
-    emulated = "FP8 numerics emulated in PyTorch (moe_tutorial.precision.quant); no speedup"
-    no_te = f"TE not importable ({env.te_import_error})" if env.te_import_error else "TE not installed"
-    out = {}
+# The course's rules, one per feature of FEATURES: env -> (status, what runs, why).
 
-    def put(key, status, runs, reason=""):
-        out[key] = Feature(key, FEATURES[key], status, runs, reason)
+def _te_runs(env: Environment) -> bool:
+    return env.te_version is not None and env.te_import_error is None
 
+
+def _no_te(env: Environment) -> str:
+    """Why TE is not there, for the features that need it."""
+    return f"TE not importable ({env.te_import_error})" if env.te_import_error else "TE not installed"
+
+
+_EMULATED = "FP8 numerics emulated in PyTorch (moe_tutorial.precision.quant); no speedup"
+
+
+def _grouped_mm(env: Environment) -> tuple[str, str, str]:
+    cc, gpu = env.compute_capability or (0, 0), env.cuda_available
     # Grouped GEMM: torch's CUTLASS kernel runs bf16 on compute capability 9.x and 10.x only
     # (aten/src/ATen/native/cuda/GroupedBlas.cpp, `_grouped_mm_cuda`: `use_fast_path =
     # _scaled_mm_allowed_device(sm90_only, sm100_only) && a_b_and_out_are_bf16`, major == 9 or 10;
@@ -347,59 +370,64 @@ def evaluate(env: Environment) -> Capabilities:
     # `_grouped_mm_fallback`: the offsets copied to the host, then one matmul per expert
     # (torch/include/ATen/native/GroupedMMUtils.h:124-173 in torch 2.13.0).
     if not env.has_grouped_mm:
-        put("grouped_mm", FALLBACK, "per-expert matmul loop over sorted tokens",
-            f"torch {env.torch_version} has no torch._grouped_mm (needs torch >= 2.8)")
-    elif gpu and cc[0] in (9, 10):
-        put("grouped_mm", NATIVE, "torch._grouped_mm (one CUTLASS grouped GEMM, bf16)")
-    elif gpu and cc >= (8, 0):
-        put("grouped_mm", FALLBACK, "torch._grouped_mm's own loop: the offsets copied to the host "
-            "(a sync), then one matmul per expert",
-            f"torch._grouped_mm's CUTLASS kernel runs on compute capability 9.x and 10.x only; "
-            f"this GPU is {cc[0]}.{cc[1]}")
-    elif gpu:
-        put("grouped_mm", FALLBACK, "per-expert matmul loop over sorted tokens",
-            f"torch._grouped_mm needs compute capability >= 8.0; this GPU is {cc[0]}.{cc[1]}")
-    else:
-        put("grouped_mm", FALLBACK, "torch._grouped_mm CPU kernel (a loop of matmuls)",
+        return (FALLBACK, "per-expert matmul loop over sorted tokens",
+                f"torch {env.torch_version} has no torch._grouped_mm (needs torch >= 2.8)")
+    if gpu and cc[0] in (9, 10):
+        return NATIVE, "torch._grouped_mm (one CUTLASS grouped GEMM, bf16)", ""
+    if gpu and cc >= (8, 0):
+        return (FALLBACK, "torch._grouped_mm's own loop: the offsets copied to the host "
+                "(a sync), then one matmul per expert",
+                f"torch._grouped_mm's CUTLASS kernel runs on compute capability 9.x and 10.x only; "
+                f"this GPU is {cc[0]}.{cc[1]}")
+    if gpu:
+        return (FALLBACK, "per-expert matmul loop over sorted tokens",
+                f"torch._grouped_mm needs compute capability >= 8.0; this GPU is {cc[0]}.{cc[1]}")
+    return (FALLBACK, "torch._grouped_mm CPU kernel (a loop of matmuls)",
             "no CUDA GPU: the grouped GEMM kernels are CUDA-only")
 
-    if te_ok and gpu:
-        put("te_grouped_linear", NATIVE, "te.GroupedLinear")
-    else:
-        put("te_grouped_linear", FALLBACK, "ReferenceGroupedLinear (pure PyTorch, TE's layout)",
-            no_te if not te_ok else "no CUDA GPU")
 
-    fp8_ok, fp8_reason = env.te_support.get("fp8", (False, no_te))
-    block_ok, block_reason = env.te_support.get("fp8_block_scaling", (False, no_te))
-    mx_ok, mx_reason = env.te_support.get("mxfp8", (False, no_te))
-    for key, recipe in (("fp8_current", "Float8CurrentScaling"), ("fp8_delayed", "DelayedScaling")):
-        if te_ok and fp8_ok:
-            put(key, NATIVE, f"te.autocast(recipe={recipe}())")
-        else:
-            put(key, FALLBACK, emulated, fp8_reason if te_ok else no_te)
-    if te_ok and block_ok:
-        put("fp8_block", NATIVE, "te.autocast(recipe=Float8BlockScaling())")
-    else:
-        put("fp8_block", FALLBACK, emulated, block_reason if te_ok else no_te)
+def _te_on_gpu(runs: str, stand_in: str):
+    """The rule of a TE module: `runs` where TE imports and a CUDA GPU is present, else its
+    pure-PyTorch `stand_in`."""
+    def rule(env: Environment) -> tuple[str, str, str]:
+        te_ok = _te_runs(env)
+        if te_ok and env.cuda_available:
+            return NATIVE, runs, ""
+        return FALLBACK, stand_in, _no_te(env) if not te_ok else "no CUDA GPU"
+    return rule
+
+
+def _te_recipe(support: str, recipe: str):
+    """The rule of a TE FP8 recipe: native where TE imports and says yes to it
+    (`env.te_support[support]`), else emulated, with TE's reason."""
+    def rule(env: Environment) -> tuple[str, str, str]:
+        te_ok = _te_runs(env)
+        ok, reason = env.te_support.get(support, (False, _no_te(env)))
+        if te_ok and ok:
+            return NATIVE, f"te.autocast(recipe={recipe}())", ""
+        return FALLBACK, _EMULATED, reason if te_ok else _no_te(env)
+    return rule
+
+
+def _mxfp8(env: Environment) -> tuple[str, str, str]:
+    te_ok = _te_runs(env)
+    block_ok, _ = env.te_support.get("fp8_block_scaling", (False, _no_te(env)))
+    mx_ok, mx_reason = env.te_support.get("mxfp8", (False, _no_te(env)))
     if te_ok and mx_ok:
-        put("mxfp8", NATIVE, "te.autocast(recipe=MXFP8BlockScaling())")
-    elif te_ok and block_ok:
-        put("mxfp8", FALLBACK, "FP8 block scaling for training; MXFP8 numerics emulated",
-            mx_reason or "TE runs MXFP8 on compute capability 10.x-11.x only")
-    else:
-        put("mxfp8", FALLBACK, "MXFP8 numerics emulated in PyTorch (moe_tutorial.precision.quant)",
-            mx_reason if te_ok else no_te)
+        return NATIVE, "te.autocast(recipe=MXFP8BlockScaling())", ""
+    if te_ok and block_ok:
+        return (FALLBACK, "FP8 block scaling for training; MXFP8 numerics emulated",
+                mx_reason or "TE runs MXFP8 on compute capability 10.x-11.x only")
+    return (FALLBACK, "MXFP8 numerics emulated in PyTorch (moe_tutorial.precision.quant)",
+            mx_reason if te_ok else _no_te(env))
 
-    if te_ok and gpu:
-        put("te_ops_grouped_mlp", NATIVE,
-            "te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)")
-    else:
-        put("te_ops_grouped_mlp", FALLBACK, "pure-PyTorch composition of the same three ops",
-            no_te if not te_ok else "no CUDA GPU")
 
+def _fused_grouped_mlp(env: Environment) -> tuple[str, str, str]:
+    te_ok, cc, gpu = _te_runs(env), env.compute_capability or (0, 0), env.cuda_available
+    mx_ok, mx_reason = env.te_support.get("mxfp8", (False, _no_te(env)))
     fused_missing = []
     if not te_ok:
-        fused_missing.append(no_te)
+        fused_missing.append(_no_te(env))
     if cc[0] != 10:
         fused_missing.append("needs compute capability 10.x (B200/B300), this is "
                              + (f"{cc[0]}.{cc[1]}" if gpu else "a CPU"))
@@ -418,17 +446,39 @@ def evaluate(env: Environment) -> Capabilities:
     if fused_missing:
         runs = ("te.ops grouped MLP, unfused" if te_ok and gpu
                 else "pure-PyTorch composition of the same three ops")
-        put("fused_grouped_mlp", FALLBACK, runs, "; ".join(fused_missing))
-    else:
-        put("fused_grouped_mlp", NATIVE, "CuTe-DSL fused grouped MLP (MXFP8)",
+        return FALLBACK, runs, "; ".join(fused_missing)
+    return (NATIVE, "CuTe-DSL fused grouped MLP (MXFP8)",
             "conditions met; whether TE fused the ops is checked when the model runs")
 
+
+def _multi_gpu(env: Environment) -> tuple[str, str, str]:
+    gpu = env.cuda_available
     if gpu and env.gpu_count >= 2:
-        put("multi_gpu", NATIVE, f"torch.distributed + NCCL over {env.gpu_count} GPUs")
-    else:
-        put("multi_gpu", FALLBACK, "torch.distributed + gloo, processes on this machine",
+        return NATIVE, f"torch.distributed + NCCL over {env.gpu_count} GPUs", ""
+    return (FALLBACK, "torch.distributed + gloo, processes on this machine",
             f"{env.gpu_count} CUDA GPU(s)" if gpu else "no CUDA GPU")
-    return Capabilities(env, {k: out[k] for k in FEATURES})
+
+
+_RULES = {
+    "grouped_mm": _grouped_mm,
+    "te_grouped_linear": _te_on_gpu("te.GroupedLinear",
+                                    "StandInGroupedLinear (pure PyTorch, TE's layout)"),
+    "fp8_current": _te_recipe("fp8", "Float8CurrentScaling"),
+    "fp8_delayed": _te_recipe("fp8", "DelayedScaling"),
+    "fp8_block": _te_recipe("fp8_block_scaling", "Float8BlockScaling"),
+    "mxfp8": _mxfp8,
+    "te_ops_grouped_mlp": _te_on_gpu("te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)",
+                                     "pure-PyTorch composition of the same three ops"),
+    "fused_grouped_mlp": _fused_grouped_mlp,
+    "multi_gpu": _multi_gpu,
+}
+
+
+def evaluate(env: Environment) -> Capabilities:
+    """Apply the course's rules to an environment: one `Feature` per entry of FEATURES, each
+    from its rule."""
+    return Capabilities(env, {key: Feature(key, title, *_RULES[key](env))
+                              for key, title in FEATURES.items()})
 
 
 DEVICE_ENV = "MOE_TUTORIAL_DEVICE"  # the device a notebook's `parameters` cell reads

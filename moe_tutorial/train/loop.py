@@ -292,7 +292,9 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
           after_backward: Callable[[], None] | None = None,
           clip_grad_norm: Callable[[float], torch.Tensor] | None = None,
           checkpoint: ckpt.Checkpointing | None = None, resume: bool = False,
-          check_learning: bool = True) -> list[dict]:
+          check_learning: bool = True,
+          optimizer: Callable[[torch.nn.Module, TrainSettings], torch.optim.Optimizer]
+          | None = None) -> list[dict]:
     """Train `model` for `settings.steps` steps; returns the history (one record per step).
 
     `data`: packed windows ([n, seq_len + 1] token ids, batched and shuffled here), or a
@@ -300,6 +302,8 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
     `after_backward`, `clip_grad_norm`: see `train_step`. `checkpoint`: save there every
     `checkpoint.every` steps and after the last (`checkpoint.Checkpointing`: one file; or
     `dist_checkpoint.ShardedCheckpointing`: every rank of a (dp, ep) run its shards);
+    `optimizer(model, settings)` builds the optimizer (default: `make_optimizer`, the course's
+    AdamW), e.g. to train the same steps with another one.
     `resume=True` continues from the newest checkpoint in that directory
     (`checkpoint.CheckpointError` if there is none, or it is unreadable, or it was made with
     other settings or another model). The run holds that directory while it trains: another
@@ -324,7 +328,7 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
         history = _train_loop(model, data, s, val=val, on_step=on_step, progress=progress,
                               forward=forward, after_backward=after_backward,
                               clip_grad_norm=clip_grad_norm, checkpoint=checkpoint,
-                              resume=resume)
+                              resume=resume, optimizer=optimizer or make_optimizer)
     # A distributed run's ranks each see their own batches' losses and could disagree (one
     # raising while the others wait in a collective): its launcher checks the mean over ranks.
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -334,10 +338,10 @@ def train(model: torch.nn.Module, data, settings: TrainSettings = TrainSettings(
 
 
 def _train_loop(model, data, s: TrainSettings, *, val, on_step, progress, forward,
-                after_backward, clip_grad_norm, checkpoint, resume) -> list[dict]:
+                after_backward, clip_grad_norm, checkpoint, resume, optimizer) -> list[dict]:
     torch.manual_seed(s.seed)
     device = next(model.parameters()).device
-    optimizer = make_optimizer(model, s)
+    optimizer = optimizer(model, s)
     history: list[dict] = []
     first = 0
     if resume:

@@ -63,10 +63,8 @@ def _permute_cases() -> list[Case]:
     ]
 
 
-def _verify_permute(case: Case, call) -> None:
-    hidden, indices, num_experts, align = case.args
-    rows, m_splits, row_of = expect_tuple(call(*case.args), 3, "(rows, m_splits, row_of)")
-    _, _, perm = routing.permute(hidden, indices, None, num_experts, align)
+def _check_splits(m_splits, perm, num_experts: int, align: int) -> None:
+    """m_splits: one padded row count per expert, as an integer tensor."""
     counts, ref_splits = perm.tokens_per_expert, perm.m_splits
     # the grouped GEMM's offsets are torch.cumsum(m_splits, 0): a tensor of integers, one axis
     if not isinstance(m_splits, torch.Tensor):
@@ -99,8 +97,11 @@ def _verify_permute(case: Case, call) -> None:
                           "not down")
         raise Failure(f"expert {e} has {c} token copies, so with align={align} its split is "
                       f"{want} rows (ceil({c}/{align})·{align}); yours is {mine}")
+
+
+def _check_rows(rows, hidden, num_rows: int) -> torch.Tensor:
+    """The rows buffer: [num_rows, H], the hidden states' dtype, dense."""
     rows = expect_tensor(rows, "your rows")
-    num_rows = perm.num_rows
     if rows.dim() != 2 or rows.shape[0] != num_rows or rows.shape[1] != hidden.shape[1]:
         raise Failure(f"your buffer has shape {list(rows.shape)}, but the splits add up to "
                       f"{num_rows} rows of {hidden.shape[1]} features: expert e's block is "
@@ -112,6 +113,12 @@ def _verify_permute(case: Case, call) -> None:
         raise Failure(f"your rows are not contiguous (strides {list(rows.stride())}): the grouped "
                       "GEMMs (torch._grouped_mm, te.GroupedLinear) read them as dense row-major "
                       "memory - build the buffer with hidden.new_zeros(R, H), or .contiguous()")
+    return rows
+
+
+def _check_row_of(row_of, indices, ref_splits) -> torch.Tensor:
+    """row_of: every token copy in a row of its expert's block, no row shared; returns the rows
+    flat, copy by copy."""
     row_of = expect_tensor(row_of, "your row_of")
     expect_shape(row_of, indices.shape, "your row_of", "[tokens, top_k]")
     if not is_integer(row_of):
@@ -131,6 +138,11 @@ def _verify_permute(case: Case, call) -> None:
         values, counts_ = flat.unique(return_counts=True)
         raise Failure(f"two token copies share row {int(values[counts_ > 1][0])}: every "
                       "(token, expert) pair needs its own row")
+    return flat
+
+
+def _check_contents(rows, hidden, indices, flat, ref_splits, num_rows: int) -> None:
+    """Each copy's row holds its token's hidden state; every other row is zero padding."""
     token_of_copy = torch.arange(indices.shape[0]).repeat_interleave(indices.shape[1])
     wrong = (rows[flat] != hidden[token_of_copy]).any(-1)
     if wrong.any():
@@ -147,6 +159,16 @@ def _verify_permute(case: Case, call) -> None:
         e = int(torch.searchsorted(torch.cumsum(ref_splits, 0), r, right=True))
         raise Failure(f"row {r} is padding in expert {e}'s block but is not zero: fill the "
                       "padding rows with zeros (they go through the GEMMs too)")
+
+
+def _verify_permute(case: Case, call) -> None:
+    hidden, indices, num_experts, align = case.args
+    rows, m_splits, row_of = expect_tuple(call(*case.args), 3, "(rows, m_splits, row_of)")
+    _, _, perm = routing.permute(hidden, indices, None, num_experts, align)
+    _check_splits(m_splits, perm, num_experts, align)
+    rows = _check_rows(rows, hidden, perm.num_rows)
+    flat = _check_row_of(row_of, indices, perm.m_splits)
+    _check_contents(rows, hidden, indices, flat, perm.m_splits, perm.num_rows)
 
 
 def check_permute(learner_fn) -> bool:

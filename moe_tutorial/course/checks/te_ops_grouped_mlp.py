@@ -65,7 +65,7 @@ def _verify_build(case: Case, call) -> None:
     mlp = call(experts.torch_ops, num_experts, hidden, inter, glu, dtype, device)
     if not isinstance(mlp, experts.torch_ops.Sequential):
         raise Failure(f"return ops.Sequential(...) (one op chain), yours is {type(mlp).__name__}")
-    kinds = [type(op).__name__.removeprefix("Reference") for op in mlp]
+    kinds = [type(op).__name__.removeprefix("StandIn") for op in mlp]
     if kinds != _MLP_KINDS:
         raise Failure(f"your chain is [{', '.join(kinds)}]; the grouped MLP is [GroupedLinear "
                       "(gate-up), ScaledSwiGLU (SwiGLU × routing weights), GroupedLinear (down)]")

@@ -52,9 +52,9 @@ from .te_ops import (
 )
 from .te_permute_grouped_mm import TEPermuteGroupedMMExperts
 from .te_stand_ins import (
-    ReferenceGroupedLinear,
-    ReferenceScaledSwiGLU,
-    ReferenceSequential,
+    StandInGroupedLinear,
+    StandInScaledSwiGLU,
+    StandInSequential,
     scaled_swiglu,
     torch_ops,
 )
@@ -64,7 +64,7 @@ __all__ = [
     "FUSED_MLP_GLU_INTERLEAVE", "FUSED_MLP_RECIPES", "FUSED_MLP_ROWS_PER_EXPERT",
     "FUSED_MLP_TOTAL_ROWS_MULTIPLE", "PERMUTATIONS", "SELF_QUANTIZING_BACKENDS",
     "SMALL_EXPERT_ELEMENTS", "STACKED_BACKENDS", "TE_BACKENDS", "Experts", "GroupedTorchExperts", "NaiveExperts",
-    "ReferenceGroupedLinear", "ReferenceScaledSwiGLU", "ReferenceSequential", "StackedExperts",
+    "StandInGroupedLinear", "StandInScaledSwiGLU", "StandInSequential", "StackedExperts",
     "SyncFreeExperts", "TEExperts", "TEGroupedLinearExperts", "TEOpsExperts",
     "TEPermuteGroupedMMExperts", "availability", "backend_label", "check_expert_inputs",
     "convert_experts", "create", "cutlass_grouped_gemm", "deinterleave_glu", "default_backend",

@@ -121,7 +121,7 @@ def backend_label(experts: Experts) -> str:
 # 2048 × 7168 = 14.7M elements (the small, OLMoE, Qwen3, fine-grained and DeepSeek-V3 shapes;
 # DeepSeek-V3's by under 1% over TE's GroupedLinear, a tie), and te.ops was for Mixtral's
 # 4096 × 14336 = 58.7M (its cuBLAS GEMMs beat the CUTLASS grouped kernel there). The boundary
-# lies between the two; `tests/test_experts.py` checks the rule against the committed rows.
+# lies between the two; `tests/moe/experts/test_experts.py` checks the rule against the committed rows.
 SMALL_EXPERT_ELEMENTS = 16 * 2**20
 
 

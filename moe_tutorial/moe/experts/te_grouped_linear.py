@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .base import swiglu
 from .te_base import TEExperts
-from .te_stand_ins import ReferenceGroupedLinear
+from .te_stand_ins import StandInGroupedLinear
 
 
 class TEGroupedLinearExperts(TEExperts):
@@ -34,7 +34,7 @@ class TEGroupedLinearExperts(TEExperts):
                                     ("down", (intermediate_size, hidden_size))):
             linear = (te.GroupedLinear(num_experts, n_in, n_out, bias=False, params_dtype=dtype,
                                        device=device) if te is not None else
-                      ReferenceGroupedLinear(num_experts, n_in, n_out, bias=False, dtype=dtype,
+                      StandInGroupedLinear(num_experts, n_in, n_out, bias=False, dtype=dtype,
                                              device=device))
             self.add_module(name, linear)
 
@@ -45,6 +45,6 @@ class TEGroupedLinearExperts(TEExperts):
         # the host copy both GEMMs share, forward and backward (the dispatcher's, on a GPU)
         m_splits = rows_per_expert.tolist()
         y = self.down(swiglu(self.gate_up(rows, m_splits)), m_splits)
-        impl = "te.GroupedLinear" if self.uses_te else "ReferenceGroupedLinear"
+        impl = "te.GroupedLinear" if self.uses_te else "StandInGroupedLinear"
         self.last_path = f"{impl} → SwiGLU → {impl}" + self._fallback_note()
         return y

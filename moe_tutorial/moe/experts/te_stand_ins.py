@@ -55,14 +55,14 @@ def check_split_sizes(split_sizes, num_groups: int, num_rows: int) -> None:
                          f"{num_rows}: the row counts must add up to the input's rows")
 
 
-class ReferenceGroupedLinear(nn.Module):
+class StandInGroupedLinear(nn.Module):
     """`te.ops.GroupedLinear` in PyTorch, with its constructor defaults (TE 2.20's
     `ops/basic/grouped_linear.py`, `reset_parameters`): per-group parameters `weight0 ..
     weight{G-1}` ([out, in], `kaiming_uniform_(a=sqrt(5))` each, as `nn.Linear` draws them) and,
     with bias=True (TE's default), `bias0 .. bias{G-1}` (zeros); `forward(x, split_sizes)`.
     (`te.GroupedLinear`, the module, draws its weights from N(0, 0.023²) instead.)"""
 
-    num_extra_inputs = 1  # in a ReferenceSequential: the split sizes
+    num_extra_inputs = 1  # in a StandInSequential: the split sizes
 
     def __init__(self, num_groups: int, in_features: int, out_features: int, *, bias: bool = True,
                  device=None, dtype=None):
@@ -91,7 +91,7 @@ class ReferenceGroupedLinear(nn.Module):
         return y + bias.repeat_interleave(splits, dim=0, output_size=x.shape[0])
 
 
-class ReferenceScaledSwiGLU(nn.Module):
+class StandInScaledSwiGLU(nn.Module):
     """`te.ops.ScaledSwiGLU` in PyTorch (`scaled_swiglu`); its extra input is the per-row scales
     (the routing weights)."""
 
@@ -108,7 +108,7 @@ class ReferenceScaledSwiGLU(nn.Module):
         return f"glu_interleave_size={self.glu_interleave_size}"
 
 
-class ReferenceSequential(nn.Sequential):
+class StandInSequential(nn.Sequential):
     """`te.ops.Sequential` in PyTorch: `seq(x, *extra_inputs)` hands each op as many extra
     inputs as it takes (`num_extra_inputs`), in order."""
 
@@ -125,7 +125,7 @@ class ReferenceSequential(nn.Sequential):
 
 # The three `te.ops` of the grouped MLP in PyTorch, addressed as te.ops is (`ops.Sequential(...)`):
 # TEOpsExperts' op chain without TE, and what exercise 05's check builds with.
-torch_ops = SimpleNamespace(Sequential=ReferenceSequential, GroupedLinear=ReferenceGroupedLinear,
-                            ScaledSwiGLU=ReferenceScaledSwiGLU)
+torch_ops = SimpleNamespace(Sequential=StandInSequential, GroupedLinear=StandInGroupedLinear,
+                            ScaledSwiGLU=StandInScaledSwiGLU)
 
 

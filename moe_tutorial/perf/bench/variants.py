@@ -1,0 +1,245 @@
+"""The training step's variants: one way to run it each (`Variant`: our model's expert backend
+and precision, or HF's baseline, with options), the sets the benchmark names (`LADDER` ...
+`VARIANTS`), and each candidate change beside the ladder variant it changes, in this run and in
+the committed ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+import torch
+
+from ...moe.experts import SELF_QUANTIZING_BACKENDS
+from ...moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
+from ...moe.model import MoEForCausalLM
+from ...train.graphed import capturable_adamw
+from ...train.loop import TrainSettings, compiled_adamw, make_optimizer
+from .. import results
+from .expert_layer import precision_kind
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the training step: our model with an expert backend and a precision, or
+    HF transformers' Mixtral (its experts implementation, optionally torch.compile'd). `name` is
+    the label its results carry: any label for a variant of your own; `Variant.of` derives the
+    benchmark's names from the options."""
+
+    name: str  # the label results carry
+    backend: str  # ours: the expert backend; HF: experts_implementation ("eager" / "grouped_mm")
+    precision: str = "bf16"  # ours: "bf16", "fp8" or a TE recipe name; HF: bf16 only
+    hf: bool = False
+    compiled: bool = False  # HF: `hf_baseline.compile_for_training`
+    # The training loss and its gradient from torch.compile's kernels (ours: the model's
+    # `compiled_loss`)
+    compiled_loss: bool = False
+    # AdamW's step compiled (`train.compiled_adamw`): generic, so HF gets it too
+    compiled_adamw: bool = False
+    # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
+    # graph (`train.graphed.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
+    graphed: bool = False
+    # Ours, te_grouped_linear: each layer's expert counts read to the host once, for TE's
+    # permutation kernel and both grouped GEMMs (the backend's `host_counts` option)
+    host_counts: bool = False
+
+    @classmethod
+    def of(cls, backend: str, precision: str = "bf16", **options) -> Variant:
+        """The variant of these options under its derived name: `hf_<backend>` then
+        `_compiled` (the model compiled) and `_compiled_adamw`; ours `ours_<backend>_<precision>`
+        (a self-quantizing backend's name already says its precision) then `_graphed`, and
+        `_compiled` for the loss and AdamW compiled together, else `_compiled_loss` or
+        `_compiled_adamw` for one of them; `_host_counts` after the precision."""
+        v = cls("", backend, precision, **options)
+        if v.host_counts and (v.hf or backend != "te_grouped_linear"):
+            raise ValueError(f"host_counts is an option of our te_grouped_linear experts, not of "
+                             f"{'HF' if v.hf else 'our'} {backend!r}")
+        if v.hf:
+            parts = ["hf", backend, v.compiled and "compiled", v.compiled_adamw and "compiled_adamw"]
+        else:
+            compiled = ("compiled" if v.compiled_loss and v.compiled_adamw else
+                        v.compiled_loss and "compiled_loss" or v.compiled_adamw and "compiled_adamw")
+            parts = ["ours", backend, backend not in SELF_QUANTIZING_BACKENDS and precision,
+                     v.host_counts and "host_counts", v.graphed and "graphed", compiled]
+        return replace(v, name="_".join(part for part in parts if part))
+
+    @property
+    def changes(self) -> bool:
+        """Whether this is a change of a ladder variant measured beside it (`candidate_base`)."""
+        return self.compiled_loss or self.compiled_adamw
+
+    @property
+    def precision_kind(self) -> str:
+        """"fp8" or "bf16": the precision of the large GEMMs (the peak its MFU is quoted against)."""
+        return precision_kind(self.precision)
+
+    def build(self, config, device):
+        """(the trained module, forward(inputs, targets) -> loss) from the seeded initial weights
+        every variant shares. HF computes `labels=input_ids` targets itself: the same ones as
+        `batch.next_token_targets`, which its forward is handed (comparable losses)."""
+        torch.manual_seed(0)
+        model = MoEForCausalLM(config, device=device)
+        if not self.hf:
+            model.set_expert_backend(self.backend,
+                                     **({"host_counts": True} if self.host_counts else {}))
+            # A self-quantizing backend runs its own FP8 GEMMs in a bf16 model (no te.autocast)
+            model.set_precision("bf16" if self.backend in SELF_QUANTIZING_BACKENDS
+                                else self.precision)
+            model.compiled_loss = self.compiled_loss
+            return model, None  # train_step's default: model(inputs, targets)
+
+        hf = hf_mixtral(model, self.backend)
+        del model  # only HF's copy of the weights stays on the device
+        if self.compiled:
+            hf = compile_for_training(hf)
+        return hf, lambda inputs, targets: hf_training_loss(hf, inputs)
+
+    def optimizer(self, module, lr: float, kind: str = "torch_adamw"):
+        """HF's baseline as HF users run it: torch's fused AdamW over all parameters; ours: the
+        course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). `compiled_adamw`:
+        torch's AdamW with its step compiled (`train.compiled_adamw`), for HF over all parameters
+        too; `graphed`: the capturable AdamW the CUDA graph replays."""
+        if self.graphed or self.compiled_adamw:
+            if kind != "torch_adamw":
+                raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer "
+                                 f"{kind} does not apply to it")
+            if self.graphed:
+                return capturable_adamw(module, lr)
+        settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
+        if self.hf:
+            if self.compiled_adamw:
+                return compiled_adamw([{"params": list(module.parameters())}], settings)
+            return torch.optim.AdamW(module.parameters(), lr=lr,
+                                     fused=next(module.parameters()).is_cuda or None)
+        return make_optimizer(module, settings,
+                              "torch_adamw_compiled" if self.compiled_adamw else kind)
+
+
+def _expand(*grids: dict) -> tuple[Variant, ...]:
+    """`Variant.of` of every combination of each grid's values, in order (a grid maps an option
+    to one value or a tuple of values; its last option varies fastest)."""
+    return tuple(Variant.of(**dict(zip(grid, values))) for grid in grids
+                 for values in itertools.product(*(v if isinstance(v, tuple) else (v,)
+                                                   for v in grid.values())))
+
+
+BF16_AND_FP8 = ("bf16", "fp8")
+# The course's ladder, from HF's baselines to our fastest step without torch.compile: what `bench`
+# runs by default and notebook 06 shows
+LADDER = _expand(dict(hf=True, backend=("eager", "grouped_mm")),
+                 dict(hf=True, backend="grouped_mm", compiled=True),
+                 dict(backend="grouped_torch"),
+                 dict(backend=("te_grouped_linear", "te_ops"), precision=BF16_AND_FP8))
+# torch.compile for the parts TE does not own, the loss (with its gradient) and AdamW's step:
+# both together, our fastest steps, which `bench` runs after the ladder on a GPU, with HF's
+# compiled step given the same compiled AdamW (nothing MoE-specific in it)...
+COMPILED_STEPS = _expand(dict(hf=True, backend="grouped_mm", compiled=True, compiled_adamw=True),
+                         dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True,
+                              compiled_adamw=True))
+# ...and each alone, what each buys: named on the command line (`--train-variants`)
+COMPILED_ALONE = _expand(dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True),
+                         dict(backend="te_ops", precision=BF16_AND_FP8, compiled_adamw=True))
+# No host read in the step (`sync_free`): eager, then the whole step in one CUDA graph (with
+# gradient clipping, which the eager steps above leave out), then with the compiled loss inside
+# the graph; FP8: the experts' GEMMs through torch's row-wise scaled grouped GEMM, the rest of the
+# model in bf16. Named on the command line, beside the ladder
+SYNC_FREE = _expand(dict(backend="sync_free"),
+                    dict(backend="sync_free", graphed=True, compiled_loss=(False, True)),
+                    dict(backend="sync_free_fp8", precision="fp8"),
+                    dict(backend=("sync_free_fp8", "sync_free_fp8_wgrad"), precision="fp8",
+                         graphed=True, compiled_loss=(False, True)))
+
+# TE's own path with one host read per layer: te_grouped_linear with the counts read once, the
+# loss and AdamW compiled as in the fastest steps. Named on the command line, beside
+# `ours_te_grouped_linear_*_compiled` without it
+ONE_HOST_READ = _expand(dict(backend="te_grouped_linear", precision=BF16_AND_FP8,
+                             host_counts=(False, True), compiled_loss=True, compiled_adamw=True))
+
+VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE,
+                                *ONE_HOST_READ)}
+TRAIN_VARIANTS = tuple(v.name for v in LADDER)
+# What `bench` runs after the ladder on a GPU, so the summary's best step and its fair HF twin
+# come from one run
+GPU_EXTRA_VARIANTS = tuple(v.name for v in COMPILED_STEPS)
+# Each change of a ladder variant measured beside it (`candidate_gains`): alone, then together
+CANDIDATE_VARIANTS = tuple(v.name for v in (*COMPILED_ALONE, *COMPILED_STEPS))
+
+
+def hf_twin(name: str) -> str:
+    """HF's compiled step given what our step `name` adds outside the model: the compiled
+    AdamW where ours compiles AdamW (the loss is part of HF's compiled model already)."""
+    v = VARIANTS.get(name)
+    compiled_adamw = bool(v and v.compiled_adamw)
+    return Variant.of("grouped_mm", hf=True, compiled=True, compiled_adamw=compiled_adamw).name
+
+
+def candidate_base(name: str) -> str:
+    """The ladder variant a candidate changes (`CANDIDATE_VARIANTS`): the same model, experts,
+    precision and compilation, none of the candidate's changes."""
+    v = VARIANTS[name]
+    return Variant.of(v.backend, v.precision, hf=v.hf, compiled=v.compiled).name
+
+
+def technique(name: str) -> str:
+    """What a candidate variant changes, in words."""
+    v = VARIANTS[name]
+    changes = ["the loss and its gradient compiled"] if v.compiled_loss else []
+    changes += ["AdamW's step compiled"] if v.compiled_adamw else []
+    return " and ".join(changes)
+
+
+def candidate_gains(train_rows: list[dict]) -> list[dict]:
+    """Each candidate of one run beside its base variant from the same run (both ran): the
+    technique, the two medians, the speedup, the two peaks."""
+    ok = {r["variant"]: r for r in train_rows if r.get("status") == "ok"}
+    gains = []
+    for name in CANDIDATE_VARIANTS:
+        base = candidate_base(name)
+        if name in ok and base in ok:
+            gains.append({"variant": name, "base": base, "technique": technique(name),
+                          "precision": row_precision(ok[name]),
+                          "base_ms": ok[base]["median_ms"], "ms": ok[name]["median_ms"],
+                          "speedup": ok[base]["median_ms"] / ok[name]["median_ms"],
+                          "base_peak_gb": ok[base]["peak_memory_gb"],
+                          "peak_gb": ok[name]["peak_memory_gb"]})
+    return gains
+
+
+def committed_train_runs() -> list[tuple[str, dict]]:
+    """(file, report) of every committed `bench` report with training-step rows
+    (`results.committed`), oldest run first."""
+    runs = []
+    for path in results.committed():
+        report = results.read(path)
+        rows = report.get("results") if isinstance(report, dict) else None
+        if isinstance(rows, list) and any(isinstance(r, dict) and r.get("part") == "train"
+                                          for r in rows):
+            runs.append((results.relative(path), report))
+    return sorted(runs, key=lambda run: run[1]["environment"].get("date") or "")
+
+
+def committed_candidate_gains() -> list[dict]:
+    """`candidate_gains` of every committed run that timed a candidate beside its base, oldest
+    run first, each gain with its `run` (file) and `gpu`."""
+    gains = []
+    for run, report in committed_train_runs():
+        rows = [r for r in report["results"] if r.get("part") == "train"]
+        gains += [{**gain, "run": run, "gpu": report["environment"]["gpu"]}
+                  for gain in candidate_gains(rows)]
+    return gains
+
+
+def variant(name_or_variant: str | Variant) -> Variant:
+    if isinstance(name_or_variant, Variant):
+        return name_or_variant
+    if name_or_variant not in VARIANTS:
+        raise ValueError(f"unknown training variant {name_or_variant!r}; choose from "
+                         f"{', '.join(VARIANTS)}; or pass a bench.Variant(label, backend, "
+                         f"precision)")
+    return VARIANTS[name_or_variant]
+
+
+def row_precision(row: dict) -> str:
+    """A training row's precision; files from before bench recorded it: the variant name's."""
+    return row.get("precision") or VARIANTS[row["variant"]].precision_kind

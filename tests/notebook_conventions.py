@@ -32,9 +32,7 @@ def tagged(path: Path, tag: str) -> list[dict]:
 GPU_RECORD_PENDING: dict[str, str] = {}
 NOT_RUN = r"not (run|trained|compared) here|did not run"
 
-# One name per line, as papermill reads a parameters cell (it skips a line with two `=`, so
-# `MODE = DEVICE = ""` would be no parameter to it): MODE, DEVICE, LIVE and at most four sizes.
-MAX_PARAMETER_LINES = 7  # the environment is read by lesson.setup, not by the cell
+MAX_PARAMETER_LINES = 4  # the environment is read by lesson.setup, not by the cell
 
 
 def parameter_lines(source: str) -> int:
@@ -44,11 +42,9 @@ def parameter_lines(source: str) -> int:
 
 def assert_parameters_and_no_outputs(notebook: Path) -> None:
     """One `parameters` cell of at most `MAX_PARAMETER_LINES` lines that defines MODE, DEVICE
-    and LIVE (empty: `lesson.setup` reads the environment), every name one papermill reads;
-    nothing that raises on purpose; no outputs in git."""
+    and LIVE (empty: `lesson.setup` reads the environment); nothing that raises on purpose; no
+    outputs in git."""
     import ast
-
-    import papermill
 
     params = tagged(notebook, "parameters")
     assert len(params) == 1, "exactly one cell tagged 'parameters' (papermill injects after it)"
@@ -57,9 +53,6 @@ def assert_parameters_and_no_outputs(notebook: Path) -> None:
                 if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
     for name in ("MODE", "DEVICE", "LIVE"):
         assert name in assigned, f"the parameters cell should define {name}"
-    unread = assigned - set(papermill.inspect_notebook(str(notebook)))
-    assert not unread, (f"papermill does not read {sorted(unread)} as parameters: write one "
-                        f"`NAME = value  # help` per line, no `=` in the comment")
     assert parameter_lines(source) <= MAX_PARAMETER_LINES, (
         f"the parameters cell has {parameter_lines(source)} lines (at most {MAX_PARAMETER_LINES}): "
         f"leave the environment to lesson.setup and the sizes' defaults to its DEFAULTS")

@@ -138,16 +138,9 @@ def _cells(notebook: Path) -> list[dict]:
         raise DocsError(f"{notebook}: not a readable notebook ({exc}); restore it from git") from None
 
 
-# The settings every notebook's parameters cell opens with, one name a line as papermill reads
-# them: the same three lines in every notebook, read as one.
-COURSE_SETTINGS = re.compile(r"(MODE|DEVICE|LIVE)\s*=")
-
-
-def _code_lines(source: str, parameters: bool = False) -> int:
-    lines = [line.strip() for line in source.splitlines()
-             if line.strip() and not line.strip().startswith("#")]
-    settings = sum(1 for line in lines if COURSE_SETTINGS.match(line)) if parameters else 0
-    return len(lines) - settings + min(settings, 1)
+def _code_lines(source: str) -> int:
+    return sum(1 for line in source.splitlines()
+               if line.strip() and not line.strip().startswith("#"))
 
 
 def _source_work(cells: list[dict]) -> Work:
@@ -158,7 +151,7 @@ def _source_work(cells: list[dict]) -> Work:
             words += len(_WORD.findall(_LINK_TARGET.sub("]", REGION.sub("", source))))
             figures += len(_MARKDOWN_FIGURE.findall(source))
         elif cell["cell_type"] == "code":
-            lines += _code_lines(source, "parameters" in cell.get("metadata", {}).get("tags", []))
+            lines += _code_lines(source)
             predictions += len(_PREDICTION.findall(source))
     return Work(prose_words=words, code_lines=lines, predictions=predictions, figures=figures)
 

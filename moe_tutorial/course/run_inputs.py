@@ -10,8 +10,10 @@ by its variables (`MAKE_COURSE`).
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,48 +171,60 @@ def _code_cells(notebook: Path, names: InputNames = PYTHON_API) -> list[dict]:
 
 
 def parameter_defaults(notebook: Path, names: InputNames = PYTHON_API) -> dict[str, object]:
-    """The parameters papermill reads in a notebook's first cell tagged `parameters` (its Python
-    reader, `PythonTranslator.inspect`, which `papermill.inspect_notebook` uses: one
-    `NAME = value` a line), each with its default where that is a literal, else `COMPUTED`.
+    """The names a notebook's `parameters` cell assigns (what papermill can override), each with
+    its default where that is a literal, else `COMPUTED`. The cell is the first one tagged
+    `parameters`, the one papermill injects after: a name only a later cell assigns would undo
+    the override, so it is not a parameter.
 
-    The cell is first parsed with `ast`, which papermill does not do: a cell that is not Python
-    would stop the notebook at its first cell, so it is refused here in one line."""
+    Read with `ast`, not papermill's reader (`papermill.inspect_notebook`): papermill reads the
+    cell a line at a time with a pattern that skips a chained assignment (`MODE = DEVICE = LIVE =
+    ""`, in every chapter), gives each default as source text, and does not check that the cell
+    is Python (one that is not would stop the notebook at its first cell: refused here in one
+    line)."""
     cell = next((c for c in _code_cells(notebook, names)
                  if "parameters" in c.get("metadata", {}).get("tags", [])), None)
     if cell is None:
         return {}
-    source = source_text(cell.get("source", ""))
     try:
-        ast.parse(source)
+        tree = ast.parse(source_text(cell.get("source", "")))
     except SyntaxError as exc:
         raise RunError(f"{notebook}: its parameters cell is not valid Python (line "
                        f"{exc.lineno}: {exc.msg}); fix that cell in Jupyter, or leave "
                        f"the notebook out of {names.notebooks}") from None
-    # here: a run imports papermill anyway, and `info` or `build` never need it
-    from papermill.translators import PythonTranslator
-
-    return {found.name: _literal_text(found.default)
-            for found in PythonTranslator.inspect({"source": source})}
-
-
-def unread_parameters(notebook: Path) -> set[str]:
-    """Names a notebook's parameters cell assigns that papermill does not read as parameters: a
-    line with two `=` (`STEPS = BATCH_SIZE = 0`), which papermill skips with a warning, or a
-    later cell tagged `parameters`."""
-    cell = next((c for c in _code_cells(notebook)
-                 if "parameters" in c.get("metadata", {}).get("tags", [])), None)
-    if cell is None:
-        return set()
-    assigned = {node.id for node in ast.walk(ast.parse(source_text(cell.get("source", ""))))
-                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
-    return assigned - set(parameter_defaults(notebook))
+    defaults: dict[str, object] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    defaults[target.id] = _literal(node.value)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            defaults.setdefault(node.id, COMPUTED)
+    return defaults
 
 
-def _literal_text(text: str) -> object:
+class _ParametersAlreadyChecked(logging.Filter):
+    """papermill's two warnings about a notebook's parameters, which `check_parameters` has
+    already checked against the names the cell assigns: papermill's reader skips a chained
+    assignment ("Unable to parse line ...") and then calls its names unknown ("Passed unknown
+    parameter ...")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(("Unable to parse line",
+                                                   "Passed unknown parameter"))
+
+
+@contextlib.contextmanager
+def parameters_already_checked():
+    """Within the block, papermill says nothing about parameters `check_parameters` passed."""
+    loggers = [logging.getLogger("papermill"), logging.getLogger("papermill.translators")]
+    quiet = _ParametersAlreadyChecked()
+    for logger in loggers:
+        logger.addFilter(quiet)
     try:
-        return _literal(ast.parse(text, mode="eval").body)
-    except SyntaxError:
-        return COMPUTED
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def _literal_dicts(node: ast.AST) -> object:
@@ -322,14 +336,8 @@ def check_parameters(parameters: dict, notebooks: list[Path], mode: str = "small
     known = set().union(*defaults) - set(RUNNER_PARAMETERS)
     unknown = sorted(set(parameters) - known)
     if unknown:
-        name = unknown[0]
-        unread = next((nb for nb in notebooks if name in unread_parameters(nb)), None)
-        if unread is not None:
-            raise RunError(f"{names.parameter(name, parameters[name])}: {unread.name} assigns "
-                           f"{name} in its parameters cell on a line papermill does not read "
-                           f"(two `=` on one line); write `{name} = ...` on a line of its own")
-        raise RunError(f"{names.parameter(name, parameters[name])}: no selected "
-                       f"notebook has a parameter {name!r}; their parameters are "
+        raise RunError(f"{names.parameter(unknown[0], parameters[unknown[0]])}: no selected "
+                       f"notebook has a parameter {unknown[0]!r}; their parameters are "
                        f"{', '.join(sorted(known)) or 'none'}")
     for name, value in parameters.items():
         check_parameter_kind(name, value, [d[name] for d in defaults if name in d], names)

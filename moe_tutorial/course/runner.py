@@ -78,6 +78,7 @@ from .run_inputs import (
     check_parameters,
     default_notebooks_dir,
     find_notebooks,
+    parameters_already_checked,
     prepare_out_dir,
 )
 
@@ -442,7 +443,8 @@ def _execute(course: CourseRun, *, log_output: bool, echo) -> CourseRun:
            "PYTHONPATH": pythonpath,
            "JPY_SESSION_NAME": None}  # headless, even when started from a Jupyter kernel
     start = time.perf_counter()
-    with sockets, _environment(**env), kernel_for_this_python() as kernel:
+    with sockets, _environment(**env), kernel_for_this_python() as kernel, \
+            parameters_already_checked():
         course.kernel = kernel
         for i, run in enumerate(course.runs, start=1):
             run.cpu = cpu_share()

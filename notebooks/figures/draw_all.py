@@ -3,7 +3,7 @@ svg.py (the shared primitives), routing_example.py (data) and this file.
 
     python notebooks/figures/draw_all.py [OUT_DIR]
 
-OUT_DIR defaults to this folder; tests/tools/test_figures.py draws into a temporary one and compares.
+OUT_DIR defaults to this folder; tests/notebooks/test_figures.py draws into a temporary one and compares.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """fp8_number_line.svg (notebook 03): every positive finite E4M3 and E5M2 value on a log2 number
 line — range (smallest subnormal, smallest normal, largest value) and spacing (8 values per
 binade with 3 mantissa bits, 4 with 2). The values come from the formats' definition (OCP FP8,
-as `moe_tutorial.precision.quant.decode_table` decodes them; tests/tools/test_figures.py compares the two).
+as `moe_tutorial.precision.quant.decode_table` decodes them; tests/notebooks/test_figures.py compares the two).
 
     python notebooks/figures/fp8_number_line.py
 """

@@ -6,7 +6,7 @@ sigmoid(shared_expert_gate(x))) and DeepSeek-V3 (`route_sigmoid`: sigmoid scores
 bias used only to choose, group-limited top-k, unbiased weights times routed_scaling_factor,
 ungated shared experts; balanced, in its technical report, by moving the bias between steps plus a
 small sequence-wise loss, neither of which transformers' DeepseekV3 does). The published values it quotes (`PUBLISHED`) are the
-shipped configs' (moe_tutorial/configs; tests/tools/test_figures.py checks them).
+shipped configs' (moe_tutorial/configs; tests/notebooks/test_figures.py checks them).
 
     python notebooks/figures/moe_families.py
 """
@@ -42,7 +42,7 @@ DESC = ("Four panels. Mixtral: softmax over the experts, the top-k, their weight
         "small sequence-wise loss, and transformers does neither.")
 
 # Published values quoted in the panels: the shipped configs (moe_tutorial/configs), as the
-# package reads them (MoEConfig.from_hf_config); tests/tools/test_figures.py compares.
+# package reads them (MoEConfig.from_hf_config); tests/notebooks/test_figures.py compares.
 PUBLISHED = {
     "qwen3-moe-30b-a3b": {"norm_topk_prob": True},
     "olmoe-1b-7b": {"norm_topk_prob": False},

@@ -1,6 +1,6 @@
 """The routing example of the figures of notebooks 01 and 02 (not a figure itself): 6 tokens,
 4 experts, top-2, alignment 4, and what `moe_tutorial.moe.routing.permute` makes of it, computed
-here in plain Python (tests/tools/test_figures.py checks it against routing.permute).
+here in plain Python (tests/notebooks/test_figures.py checks it against routing.permute).
 
 Expert 2 gets no token (the loop skips it, its m_split is 0) and the other experts' blocks
 need 1, 3 and 0 padding rows: every case of the padding rule shows.

@@ -6,7 +6,7 @@ Each figure is one script next to its SVG (`router_and_expert_loop.py` draws
 `python notebooks/figures/draw_all.py` redraws them all. The output is a function of the scripts
 alone — no dates, no fonts measured (text widths are estimated from the character count), every
 coordinate printed with at most one decimal — so re-running a script rewrites the same bytes
-(tests/tools/test_figures.py checks it).
+(tests/notebooks/test_figures.py checks it).
 
 Readable in JupyterLab's light and dark themes: everything is drawn on an explicit light card
 (a rounded rect filling the viewBox, with a subtle border) in dark text, and every colour is a

@@ -4,6 +4,7 @@ names the bad value and says how to fix it, and nothing destroyed. The runner's 
 path (papermill without a kernel, tests/course/test_course.py), so nothing here executes a notebook."""
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -386,23 +387,35 @@ def test_run_parameter_of_one_notebook_is_fine(nbs, tmp_path, fast_papermill):
     assert _run(nbs, tmp_path / "out", "-p", "SEED=3") == 0
 
 
-def test_a_name_papermill_does_not_read_is_refused_with_how_to_write_it(tmp_path, fast_papermill,
-                                                                        capsys):
-    """A chained assignment (`STEPS = BATCH_SIZE = 0`) is no parameter to papermill, which skips
-    the line: a -p for one of its names would be injected and then overwritten."""
+def test_every_name_of_a_chained_assignment_is_a_parameter(tmp_path, fast_papermill):
+    """The chapters' `MODE = DEVICE = LIVE = ""` (papermill's own reader skips that line)."""
     from moe_tutorial.course.run_inputs import parameter_defaults
 
     nb = notebook(tmp_path / "01_a.ipynb", "print(1)",
-                  parameters='MODE = ""\nDEVICE = ""\nLIVE = ""\nSTEPS = BATCH_SIZE = 0\nSEED = 0')
-    assert parameter_defaults(nb) == {"MODE": "", "DEVICE": "", "LIVE": "", "SEED": 0}
+                  parameters='MODE = DEVICE = LIVE = ""\nSTEPS = BATCH_SIZE = 0')
+    assert parameter_defaults(nb) == {"MODE": "", "DEVICE": "", "LIVE": "", "STEPS": 0,
+                                      "BATCH_SIZE": 0}
     assert main(["run", "--notebooks", str(nb), "--out", str(tmp_path / "out"),
-                 "-p", "BATCH_SIZE=2"]) == 2
-    assert capsys.readouterr().err == (
-        "error: -p BATCH_SIZE=2: 01_a.ipynb assigns BATCH_SIZE in its parameters cell on a line "
-        "papermill does not read (two `=` on one line); write `BATCH_SIZE = ...` on a line of "
-        "its own\n")
-    assert main(["run", "--notebooks", str(nb), "--out", str(tmp_path / "out"),
-                 "-p", "SEED=2"]) == 0
+                 "-p", "BATCH_SIZE=2"]) == 0
+
+
+def test_papermill_warns_nothing_about_parameters_the_runner_checked(caplog):
+    """papermill's reader warns about a chained assignment and then calls its names unknown;
+    where the runner has checked the parameters itself, neither warning reaches the learner."""
+    from papermill.translators import PythonTranslator
+
+    from moe_tutorial.course.run_inputs import parameters_already_checked
+
+    cell = {"source": 'MODE = DEVICE = LIVE = ""\nSEED = 0'}
+    with caplog.at_level("WARNING"):
+        assert [p.name for p in PythonTranslator.inspect(cell)] == ["SEED"]
+    assert "Unable to parse line 1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"), parameters_already_checked():
+        PythonTranslator.inspect(cell)
+        logging.getLogger("papermill").warning("Passed unknown parameter: MODE")
+        logging.getLogger("papermill").warning("something else")
+    assert caplog.messages == ["something else"]
 
 
 def test_run_parameter_only_a_second_parameters_cell_assigns(tmp_path, fast_papermill, capsys):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from moe_tutorial.moe.config import preset
 from moe_tutorial.parallel import distributed
 from moe_tutorial.perf import train_dist
-from moe_tutorial.safe_io import FolderBusy, UnsafeWrite, WriteFailed, claim_output, write_json
+from moe_tutorial.safe_io import REFUSALS, claim_output, refusal_line, write_json
 
 # The precisions the matrix trains in (names `recipes.resolve` takes: the model's dtype and the
 # fastest FP8 recipe), which are also the two peaks MFU is quoted against.
@@ -429,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                 claim.enter_context(claim_output(args.out, "`benchmarks.matrix`",
                                                  replace=args.replace, flag="--out",
                                                  make_parents=True))
-            except (UnsafeWrite, FolderBusy, WriteFailed) as exc:
-                parser.exit(2, f"error: {exc.strerror if isinstance(exc, OSError) else exc}\n")
+            except REFUSALS as exc:
+                parser.exit(2, f"error: {refusal_line(exc)}\n")
         return _plan_and_run(parser, args)
 
 

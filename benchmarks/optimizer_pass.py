@@ -53,7 +53,7 @@ from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.perf import bench, speed_of_light
 from moe_tutorial.perf.timing import copy_bandwidth_gb_per_s, environment, reset_memory, time_fn
 from moe_tutorial.precision import hardware
-from moe_tutorial.safe_io import FolderBusy, UnsafeWrite, WriteFailed, claim_output, write_json
+from moe_tutorial.safe_io import REFUSALS, claim_output, refusal_line, write_json
 from moe_tutorial.train import loop
 from moe_tutorial.train.loop import TrainSettings, compiled_adamw, make_optimizer
 
@@ -380,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         with claim_output(args.out, "`benchmarks/optimizer_pass.py`", replace=args.replace,
                           flag="--out", make_parents=True):
             run(args)
-    except (UnsafeWrite, FolderBusy, WriteFailed) as exc:
-        parser.exit(2, f"error: {exc.strerror if isinstance(exc, OSError) else exc}\n")
+    except REFUSALS as exc:
+        parser.exit(2, f"error: {refusal_line(exc)}\n")
     return 0
 
 

@@ -551,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    from .safe_io import FolderBusy, StdoutThatMayClose, UnsafeWrite, WriteFailed, claim_output
+    from .safe_io import REFUSALS, StdoutThatMayClose, claim_output, refusal_line
 
     stdout = sys.stdout
     sys.stdout = StdoutThatMayClose(stdout)
@@ -562,17 +562,15 @@ def main(argv: list[str] | None = None) -> int:
                     claims.enter_context(claim_output(
                         path, f"`{args.command}`", replace=args.replace, flag=flag,
                         make_parents=make_parents))
-            except (UnsafeWrite, FolderBusy, WriteFailed) as exc:
-                print(f"error: {exc.strerror if isinstance(exc, OSError) else exc}",
-                      file=sys.stderr)
+            except REFUSALS as exc:
+                print(f"error: {refusal_line(exc)}", file=sys.stderr)
                 return 2
             try:
                 return args.run(args)
-            except (WriteFailed, UnsafeWrite, FolderBusy) as exc:
+            except REFUSALS as exc:
                 # a full disk, lost permission, a result file that appeared meanwhile: nothing
                 # was changed, say so
-                print(f"error: {exc.strerror if isinstance(exc, OSError) else exc}",
-                      file=sys.stderr)
+                print(f"error: {refusal_line(exc)}", file=sys.stderr)
                 return 1
     finally:
         sys.stdout.finish()

@@ -67,6 +67,16 @@ class FileBusy(FolderBusy):
     """The result file is claimed by another command (`claim_output`); the message names it."""
 
 
+# What a write refused before it starts, or one that could not finish, raises: each says in one
+# line what was wrong and how to fix it (`refusal_line`).
+REFUSALS = (UnsafeWrite, FolderBusy, WriteFailed)
+
+
+def refusal_line(exc: Exception) -> str:
+    """The one line a `REFUSALS` exception says (a `WriteFailed` holds it as its strerror)."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
 class UnsafeRead(ValueError):
     """A file the course was about to read is a link, not a plain file, or larger than any it
     writes there (`open_regular`): refused before a byte is read."""

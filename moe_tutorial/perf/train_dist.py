@@ -470,8 +470,8 @@ def claim_out(args: argparse.Namespace, claim: contextlib.ExitStack) -> bool:
         try:  # an existing file is replaced, as before claims: `launch` gives a fresh name
             claim.enter_context(safe_io.claim_output(args.out, "`train_dist`", replace=True,
                                                      flag="--out"))
-        except (safe_io.UnsafeWrite, safe_io.FolderBusy, safe_io.WriteFailed) as exc:
-            refusal = [exc.strerror if isinstance(exc, OSError) else str(exc)]
+        except safe_io.REFUSALS as exc:
+            refusal = [safe_io.refusal_line(exc)]
             print(f"error: {refusal[0]}", file=sys.stderr, flush=True)
     dist.broadcast_object_list(refusal, src=0)
     return refusal[0] is not None

@@ -50,27 +50,13 @@ from .batch import IGNORE_INDEX, check_batch
 from .config import MoEConfig
 from .experts import TE_BACKENDS, Experts, convert_experts, create, default_backend
 from .loss import cross_entropy
+from .norm import RMSNorm
 
 
 def is_expert_parameter(name: str) -> bool:
     """Whether a parameter of `MoEForCausalLM.named_parameters()` belongs to the routed experts
     (which expert parallelism shards and the optimizer may treat apart)."""
     return ".mlp.experts." in name
-
-
-class RMSNorm(nn.Module):
-    """weight * (x / rms(x)), HF Mixtral's arithmetic: x / rms(x) in fp32, rounded to x's dtype,
-    then scaled by the weight. `F.rms_norm` computes in fp32 internally and runs as one fused
-    kernel on a GPU, where HF's five elementwise ops each read and write the whole activation
-    and keep two fp32 copies of it for the backward pass."""
-
-    def __init__(self, size: int, eps: float, *, dtype=None, device=None):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x, x.shape[-1:], eps=self.eps)
 
 
 class Rotary:
@@ -394,6 +380,18 @@ class MoEForCausalLM(nn.Module):
         # `compiled`); off by default, a candidate the benchmark measures (`*_compiled_loss`)
         self.compiled_loss = False
         self.set_expert_backend(expert_backend)
+
+    @property
+    def compiled_norms(self) -> bool:
+        """Whether every RMSNorm of the model runs as torch.compile's kernels (`RMSNorm.compiled`);
+        off by default, a candidate the benchmark measures (`*_compiled_norms`)."""
+        return all(m.compiled for m in self.modules() if isinstance(m, RMSNorm))
+
+    @compiled_norms.setter
+    def compiled_norms(self, on: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.compiled = bool(on)
 
     @torch.no_grad()
     def reset_parameters(self) -> None:

@@ -171,6 +171,32 @@ def test_rms_norm_is_hf_mixtrals_arithmetic():
     torch.testing.assert_close(norm(x), hf, rtol=0, atol=0)
 
 
+def test_compiled_norms_compute_what_the_eager_norms_compute():
+    """`compiled_norms` reaches every RMSNorm (the q/k norms of a family that has them too), and
+    the compiled kernels (C++ from Inductor on a CPU, Triton on a GPU) give the eager norm's
+    output and gradients."""
+    model = MoEForCausalLM(preset("tiny").with_overrides(qk_norm="per_head"))
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert not model.compiled_norms and len(norms) > 2 * model.config.num_layers + 1
+    model.compiled_norms = True
+    assert model.compiled_norms and all(m.compiled for m in norms)
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 9, 32, generator=gen)
+    eager, compiled = RMSNorm(32, 1e-6), RMSNorm(32, 1e-6)
+    compiled.compiled = True
+    for norm in (eager, compiled):
+        norm.weight.data.copy_(torch.linspace(0.5, 1.5, 32))
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = compiled(mine), eager(ref)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    upstream = torch.randn(got.shape, generator=gen)
+    got.backward(upstream)
+    want.backward(upstream)
+    torch.testing.assert_close(mine.grad, ref.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled.weight.grad, eager.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_compiled_hf_baseline_attends_causally_without_a_mask(monkeypatch):
     """`hf_baseline.compile_for_training` switches HF to an attention implementation whose mask
     function returns no mask (so sdpa takes is_causal=True and can use FlashAttention under

@@ -52,6 +52,7 @@ from .variants import (
     BF16_AND_FP8,
     CANDIDATE_VARIANTS,
     COMPILED_ALONE,
+    COMPILED_NORMS,
     COMPILED_STEPS,
     GPU_EXTRA_VARIANTS,
     LADDER,
@@ -71,8 +72,8 @@ from .variants import (
 )
 
 __all__ = [
-    "BF16_AND_FP8", "CANDIDATE_VARIANTS", "COMPILED_ALONE", "COMPILED_STEPS", "EXPERT_HEADER",
-    "EXPERT_SHAPES", "FAMILY_SHAPES", "GPU_EXTRA_VARIANTS", "LADDER", "MFU_LEGEND",
+    "BF16_AND_FP8", "CANDIDATE_VARIANTS", "COMPILED_ALONE", "COMPILED_NORMS", "COMPILED_STEPS",
+    "EXPERT_HEADER", "EXPERT_SHAPES", "FAMILY_SHAPES", "GPU_EXTRA_VARIANTS", "LADDER", "MFU_LEGEND",
     "ONE_HOST_READ", "ROUTINGS", "SYNC_FREE", "TOLERANCE", "TRAIN_HEADER", "TRAIN_VARIANTS",
     "VARIANTS", "ExpertShape", "Variant", "bench_expert_layer", "bench_train_step", "best_step",
     "candidate_base", "candidate_gains", "check_run_arguments", "classify_error",

@@ -37,6 +37,8 @@ class Variant:
     compiled_loss: bool = False
     # AdamW's step compiled (`train.compiled_adamw`): generic, so HF gets it too
     compiled_adamw: bool = False
+    # Ours: every RMSNorm as torch.compile's kernels (the model's `compiled_norms`)
+    compiled_norms: bool = False
     # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
     # graph (`train.graphed.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
     graphed: bool = False
@@ -50,8 +52,12 @@ class Variant:
         `_compiled` (the model compiled) and `_compiled_adamw`; ours `ours_<backend>_<precision>`
         (a self-quantizing backend's name already says its precision) then `_graphed`, and
         `_compiled` for the loss and AdamW compiled together, else `_compiled_loss` or
-        `_compiled_adamw` for one of them; `_host_counts` after the precision."""
+        `_compiled_adamw` for one of them, then `_compiled_norms`; `_host_counts` after the
+        precision."""
         v = cls("", backend, precision, **options)
+        if v.compiled_norms and v.hf:
+            raise ValueError("compiled_norms is an option of our model; HF's norms are compiled "
+                             "with the rest of its model (compiled=True)")
         if v.host_counts and (v.hf or backend != "te_grouped_linear"):
             raise ValueError(f"host_counts is an option of our te_grouped_linear experts, not of "
                              f"{'HF' if v.hf else 'our'} {backend!r}")
@@ -61,13 +67,14 @@ class Variant:
             compiled = ("compiled" if v.compiled_loss and v.compiled_adamw else
                         v.compiled_loss and "compiled_loss" or v.compiled_adamw and "compiled_adamw")
             parts = ["ours", backend, backend not in SELF_QUANTIZING_BACKENDS and precision,
-                     v.host_counts and "host_counts", v.graphed and "graphed", compiled]
+                     v.host_counts and "host_counts", v.graphed and "graphed", compiled,
+                     v.compiled_norms and "compiled_norms"]
         return replace(v, name="_".join(part for part in parts if part))
 
     @property
     def changes(self) -> bool:
         """Whether this is a change of a ladder variant measured beside it (`candidate_base`)."""
-        return self.compiled_loss or self.compiled_adamw
+        return self.compiled_loss or self.compiled_adamw or self.compiled_norms
 
     @property
     def precision_kind(self) -> str:
@@ -87,6 +94,7 @@ class Variant:
             model.set_precision("bf16" if self.backend in SELF_QUANTIZING_BACKENDS
                                 else self.precision)
             model.compiled_loss = self.compiled_loss
+            model.compiled_norms = self.compiled_norms
             return model, None  # train_step's default: model(inputs, targets)
 
         hf = hf_mixtral(model, self.backend)
@@ -156,8 +164,13 @@ SYNC_FREE = _expand(dict(backend="sync_free"),
 ONE_HOST_READ = _expand(dict(backend="te_grouped_linear", precision=BF16_AND_FP8,
                              host_counts=(False, True), compiled_loss=True, compiled_adamw=True))
 
+# The fastest steps with every RMSNorm compiled too (its forward and backward each one kernel).
+# Named on the command line, beside `COMPILED_STEPS`
+COMPILED_NORMS = _expand(dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True,
+                              compiled_adamw=True, compiled_norms=True))
+
 VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE,
-                                *ONE_HOST_READ)}
+                                *ONE_HOST_READ, *COMPILED_NORMS)}
 TRAIN_VARIANTS = tuple(v.name for v in LADDER)
 # What `bench` runs after the ladder on a GPU, so the summary's best step and its fair HF twin
 # come from one run
@@ -186,6 +199,7 @@ def technique(name: str) -> str:
     v = VARIANTS[name]
     changes = ["the loss and its gradient compiled"] if v.compiled_loss else []
     changes += ["AdamW's step compiled"] if v.compiled_adamw else []
+    changes += ["the norms compiled"] if v.compiled_norms else []
     return " and ".join(changes)
 
 

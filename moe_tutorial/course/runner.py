@@ -413,21 +413,28 @@ def execute_run(course: CourseRun, *, log_output: bool = False, echo=print) -> C
         course.release()
 
 
+def local_kernel_config(sockets_dir: str):
+    """The traitlets config that has a kernel talk to its client over local (IPC) sockets in
+    `sockets_dir` (a private folder, never the notebooks' own) rather than TCP ports: nothing else
+    on the machine can reach them; no two kernels started at once can race for a port (TCP's
+    free-port pick is closed before the kernel binds it); and ipykernel (7+) prints its "Kernel
+    is running over TCP without encryption" warning at every notebook's start otherwise.
+    papermill passes it on to nbclient (`config=`), whose kernel manager reads `transport` and
+    `ip` (for IPC, the sockets' path prefix) from it. Windows has no IPC sockets in ZeroMQ, so
+    there the kernels keep TCP on localhost."""
+    from traitlets.config import Config
+
+    if os.name == "nt":
+        return Config({"KernelManager": {"transport": "tcp"}})
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets_dir, "kernel")}})
+
+
 def _execute(course: CourseRun, *, log_output: bool, echo) -> CourseRun:
     import papermill
     from papermill.engines import papermill_engines
-    from traitlets.config import Config
 
-    # The kernels talk to the runner over local (IPC) sockets rather than TCP ports: nothing
-    # else on the machine can reach them, and ipykernel (7+) prints its "Kernel is running over
-    # TCP without encryption" warning at every notebook's start otherwise. papermill passes the
-    # config on to nbclient, whose kernel manager reads `transport` and `ip` (for IPC, the
-    # sockets' path prefix: a private folder, never the notebooks' own) from it. Windows has no
-    # IPC sockets in ZeroMQ, so there the kernels keep TCP on localhost.
     sockets = tempfile.TemporaryDirectory(prefix="moe-kernels-")
-    local_transport = Config({"KernelManager": {"transport": "tcp"}} if os.name == "nt" else
-                             {"KernelManager": {"transport": "ipc",
-                                                "ip": os.path.join(sockets.name, "kernel")}})
+    local_transport = local_kernel_config(sockets.name)
 
     papermill_engines.register(ENGINE_NAME, _progress_engine())
     progress = CellProgress(echo)

@@ -11,6 +11,7 @@ import pytest
 from notebook_conventions import GPU_RECORD_PENDING, NOT_RUN
 
 from moe_tutorial.course import gpu_replay
+from moe_tutorial.course.runner import local_kernel_config
 from tools import record_gpu_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +63,10 @@ def _run(cells: list[str], tmp_path: Path, env: dict, monkeypatch) -> nbformat.N
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}).execute()
+    # IPC sockets, as the runner's kernels: two kernels started at once by parallel test workers
+    # cannot race for a TCP port ("Address already in use")
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}},
+                   config=local_kernel_config(str(tmp_path))).execute()
     return nb
 
 

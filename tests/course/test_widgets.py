@@ -9,6 +9,7 @@ import pytest
 from moe_tutorial import display
 from moe_tutorial.course import dashboard, widgets
 from moe_tutorial.course.dashboard import LiveDashboard
+from moe_tutorial.course.runner import local_kernel_config
 from moe_tutorial.display import PLOTLY_MIME, Table
 
 go = pytest.importorskip("plotly.graph_objects")
@@ -220,7 +221,8 @@ def test_in_a_kernel_the_live_widget_output_becomes_the_static_figure(tmp_path, 
         "print('redraws', dash.redraws, 'live', dash.live)")])
     monkeypatch.setenv("MOE_TUTORIAL_LIVE", "always")  # no browser here: force live drawing
     client = nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", store_widget_state=False,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+                                     resources={"metadata": {"path": str(tmp_path)}},
+                                     config=local_kernel_config(str(tmp_path)))  # no TCP port race
     client.execute()
     outputs = nb.cells[0].outputs
     kinds = [next(iter(o.get("data", {})), o.get("name")) for o in outputs]

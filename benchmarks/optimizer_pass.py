@@ -44,16 +44,16 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from benchmarks.report_file import add_report_arguments, run_into_report
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.model import MoEForCausalLM
 from moe_tutorial.perf import bench, speed_of_light
 from moe_tutorial.perf.timing import copy_bandwidth_gb_per_s, environment, reset_memory, time_fn
 from moe_tutorial.precision import hardware
-from moe_tutorial.safe_io import REFUSALS, claim_output, refusal_line, write_json
+from moe_tutorial.safe_io import write_json
 from moe_tutorial.train import loop
 from moe_tutorial.train.loop import TrainSettings, compiled_adamw, make_optimizer
 
@@ -349,10 +349,7 @@ def loss_curves(config, variants, *, steps: int, batch: int, seq_len: int, lr: f
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--replace", action="store_true",
-                        help="--out may name an existing file, replaced by this report (default: "
-                             "an existing --out is refused before anything runs)")
+    add_report_arguments(parser)
     parser.add_argument("--preset", default="mixtral-2l")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS],
@@ -375,14 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the model's expert backend in the curves")
     parser.add_argument("--curve-max-sequences", type=int, default=None,
                         help="protein sequences loaded for the curves (default: all)")
-    args = parser.parse_args(argv)
-    try:
-        with claim_output(args.out, "`benchmarks/optimizer_pass.py`", replace=args.replace,
-                          flag="--out", make_parents=True):
-            run(args)
-    except REFUSALS as exc:
-        parser.exit(2, f"error: {refusal_line(exc)}\n")
-    return 0
+    return run_into_report(parser, parser.parse_args(argv), run, "`benchmarks/optimizer_pass.py`")
 
 
 def run(args) -> dict:

@@ -23,17 +23,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
+from benchmarks.report_file import add_report_arguments, run_into_report
 from moe_tutorial.moe.config import preset
 from moe_tutorial.perf import bench, speed_of_light
 from moe_tutorial.perf.step_parts import cuda_kernels, event_names, part_of
 from moe_tutorial.perf.step_profile import profile_step, profiled_steps
 from moe_tutorial.perf.timing import environment, peak_memory_gb, reset_memory, time_fn
 from moe_tutorial.precision import hardware
-from moe_tutorial.safe_io import REFUSALS, claim_output, refusal_line, write_json
+from moe_tutorial.safe_io import write_json
 
 KERNELS_PER_PART = 8
 
@@ -131,10 +131,7 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--replace", action="store_true",
-                        help="--out may name an existing file, replaced by this report (default: "
-                             "an existing --out is refused before anything runs)")
+    add_report_arguments(parser)
     parser.add_argument("--preset", default="mixtral-2l")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -146,14 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--committed", default=None, metavar="JSON",
                         help="read the floor's rates from a result file instead of measuring them")
-    args = parser.parse_args(argv)
-    try:
-        with claim_output(args.out, "`benchmarks/step_against_floor.py`", replace=args.replace,
-                          flag="--out", make_parents=True):
-            run(args)
-    except REFUSALS as exc:
-        parser.exit(2, f"error: {refusal_line(exc)}\n")
-    return 0
+    return run_into_report(parser, parser.parse_args(argv), run, "`benchmarks/step_against_floor.py`")
 
 
 if __name__ == "__main__":

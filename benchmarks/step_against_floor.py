@@ -29,7 +29,7 @@ import torch
 from benchmarks.report_file import add_report_arguments, run_into_report
 from moe_tutorial.moe.config import preset
 from moe_tutorial.perf import bench, speed_of_light
-from moe_tutorial.perf.step_parts import cuda_kernels, event_names, part_of
+from moe_tutorial.perf.step_parts import cuda_kernels, kernel_units
 from moe_tutorial.perf.step_profile import profile_step, profiled_steps
 from moe_tutorial.perf.timing import environment, peak_memory_gb, reset_memory, time_fn
 from moe_tutorial.precision import hardware
@@ -42,14 +42,11 @@ def kernels_by_part(prof, steps: int) -> dict[str, list[dict]]:
     """The profile's CUDA kernels summed by name within each part (the part `step_parts` gives
     the kernel from its own name and its launching op's), the largest `KERNELS_PER_PART` of each:
     GPU ms and launches per step."""
-    from torch.autograd import DeviceType
-
-    ops = {e.id: e for e in prof.events() if e.device_type == DeviceType.CPU}
+    kernels = cuda_kernels(prof)
     totals: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0])
-    for kernel in cuda_kernels(prof):
-        op = ops.get(kernel.launched_by) if kernel.launched_by else None
-        part = part_of(kernel.name, *(event_names(op) if op is not None else ()))
-        entry = totals[(part, kernel.name)]
+    # kernel_units gives each kernel its part, in the kernels' order
+    for kernel, unit in zip(kernels, kernel_units(prof.events(), kernels), strict=True):
+        entry = totals[(unit.part, kernel.name)]
         entry[0] += (kernel.end - kernel.start) / 1e3
         entry[1] += 1
     parts: dict[str, list[dict]] = defaultdict(list)

@@ -38,3 +38,27 @@ def test_an_existing_out_is_refused_before_anything_runs(tmp_path, capsys):
         saf.main(["--out", str(out), "--device", "cpu", "--variants", "ours_te_ops_bf16"])
     assert stop.value.code == 2 and out.read_text() == "{}"
     assert "--replace" in capsys.readouterr().err
+
+
+def test_kernels_are_summed_by_name_within_their_part_largest_first(monkeypatch):
+    """What a GPU profile gives (kernels, each with the part `step_parts` assigns it), summed per
+    kernel name within a part, per step, largest first, at most KERNELS_PER_PART a part."""
+    from moe_tutorial.perf.step_parts import Kernel, Unit
+
+    kernels = ([Kernel("nvjet_gemm", 0.0, 3000.0, 1)] * 2 + [Kernel("cast_transpose", 0.0, 500.0, 2)]
+               + [Kernel(f"elementwise_{i}", 0.0, 100.0 * (i + 1), 3) for i in range(10)])
+    parts = ["GEMMs"] * 2 + ["quantization"] + ["norms & elementwise"] * 10
+    monkeypatch.setattr(saf, "cuda_kernels", lambda prof: kernels)
+    monkeypatch.setattr(saf, "kernel_units",
+                        lambda events, ks: [Unit(k.start, k.end, 0, p) for k, p in zip(ks, parts)])
+
+    class Profile:
+        def events(self):
+            return []
+
+    by_part = saf.kernels_by_part(Profile(), steps=2)
+    assert by_part["GEMMs"] == [{"kernel": "nvjet_gemm", "ms_per_step": 3.0, "launches_per_step": 1.0}]
+    assert by_part["quantization"][0]["ms_per_step"] == pytest.approx(0.25)
+    elementwise = by_part["norms & elementwise"]
+    assert len(elementwise) == saf.KERNELS_PER_PART
+    assert [k["kernel"] for k in elementwise[:2]] == ["elementwise_9", "elementwise_8"]

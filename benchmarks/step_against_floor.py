@@ -63,9 +63,7 @@ def measure(config, name: str, data, floors, args, reference_loss) -> dict:
     reset_memory(args.device)
     model, forward = v.build(config, args.device)
     optimizer = v.optimizer(model, 1e-5)
-    inputs, targets = data
-    with torch.no_grad():
-        first = (forward(inputs, targets) if forward else model(inputs, targets).loss).item()
+    first = bench.initial_loss(model, forward, *data)
     row["first_loss"] = first
     row["loss_diff"] = None if reference_loss is None else abs(first - reference_loss)
     step = bench.timed_step(model, forward, optimizer, data)

@@ -15,7 +15,7 @@ Read in this order:
                       report merged from a run's parts (`merge_reports`)
 
 step_profile, idle_gaps and benchmarks/ build their own steps from its pieces: `timed_step`,
-`random_batch`, `sync_record` and `classify_error`.
+`random_batch`, `initial_loss`, `sync_record` and `classify_error`.
 """
 
 from .expert_layer import (
@@ -47,7 +47,14 @@ from .summary import (
     step_floor_ms,
     summarize,
 )
-from .train_step import bench_train_step, profile_train_step, random_batch, sync_record, timed_step
+from .train_step import (
+    bench_train_step,
+    initial_loss,
+    profile_train_step,
+    random_batch,
+    sync_record,
+    timed_step,
+)
 from .variants import (
     BF16_AND_FP8,
     CANDIDATE_VARIANTS,
@@ -80,6 +87,7 @@ __all__ = [
     "committed_candidate_gains",
     "committed_train_runs", "default_preset", "default_seq_len", "expert_variants",
     "format_expert_row", "format_summary", "format_train_row", "graphed_loss_curves", "hf_twin",
+    "initial_loss",
     "make_routing", "merge_reports", "precision_kind", "profile_train_step", "random_batch",
     "row_precision", "run", "step_floor_ms", "summarize", "sync_record", "technique",
     "timed_step", "train_loss_curves", "variant",

@@ -64,7 +64,7 @@ def sync_record(step, on_gpu: bool, graphed: bool) -> dict:
 
 
 @torch.no_grad()
-def _first_loss(module, forward, inputs, targets) -> float:
+def initial_loss(module, forward, inputs, targets) -> float:
     """The loss at the initial weights (nothing of the forward pass outlives this call)."""
     return loss_of((forward or module)(inputs, targets)).item()
 
@@ -97,7 +97,7 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
             module, forward = v.build(config, device)
             opt = v.optimizer(module, lr, optimizer)
             row["optimizer"] = type(opt).__module__ + "." + type(opt).__name__
-            first_loss = _first_loss(module, forward, inputs, targets)
+            first_loss = initial_loss(module, forward, inputs, targets)
             if reference_loss is None:
                 reference_loss = first_loss
             row.update(first_loss=first_loss, loss_diff=abs(first_loss - reference_loss))

@@ -508,25 +508,29 @@ def h200_speed_of_light() -> str:
         + md_table(["part", *variants], ["---"] + ["---:"] * len(variants), rows))
 
 
-# Measured and not adopted: the suffix of its variants' names in the committed runs (each beside
-# its base variant, the name without it), what it changed, and the last commit whose package has
-# its code (`git show <commit>:moe_tutorial/train/loop.py`)
-NOT_ADOPTED = (("_step_in_backward", "AdamW stepped in the backward pass", "a777de2"),)
+# Measured and not adopted: the part of its variants' names in the committed runs that marks it
+# (each beside its base variant, the name without it), what it changed, the last commit whose
+# package has its code and the file that held it (`git show <commit>:<file>`)
+NOT_ADOPTED = (("_step_in_backward", "AdamW stepped in the backward pass", "a777de2",
+                "moe_tutorial/train/loop.py"),
+               ("_host_counts", "Each layer's expert counts read to the host once, for TE's "
+                "permutation kernel and both grouped GEMMs (`te_grouped_linear`'s `host_counts`)",
+                "d0c4ad4", "moe_tutorial/moe/dispatch.py"))
 
 
 def not_adopted() -> str:
     """Each candidate measured and not adopted, with the commit its code is kept at, beside its
-    base variant in every committed run that timed both (`run_history.gains_of_suffix`)."""
-    from moe_tutorial.course.run_history import gains_of_suffix
+    base variant in every committed run that timed both (`run_history.gains_of_marker`)."""
+    from moe_tutorial.course.run_history import gains_of_marker
 
     parts = []
-    for suffix, what, commit in NOT_ADOPTED:
+    for marker, what, commit, path in NOT_ADOPTED:
         rows = [[f"{_train_label(g['base'])}, {g['precision'].replace('fp8', 'FP8')}",
                  f"{g['base_ms']:.1f} → {g['ms']:.1f}", f"{g['speedup']:.3f}×",
                  f"{g['base_peak_gb']:.1f} → {g['peak_gb']:.1f}",
                  result_link(g["run"].removeprefix(RESULTS_LINK + "/"))]
-                for g in gains_of_suffix(suffix, what)]
-        parts.append(f"{what} (its code: commit `{commit}`):\n\n" + md_table(
+                for g in gains_of_marker(marker, what)]
+        parts.append(f"{what} (its code: commit `{commit}`, `{path}`):\n\n" + md_table(
             ["variant", "ms/step: without → with it", "speedup", "peak GiB", "run"],
             ["---", "---:", "---:", "---:", "---"], rows))
     return "\n\n".join(parts)

@@ -34,16 +34,17 @@ def fp8_step_history() -> list[dict]:
     return history
 
 
-def gains_of_suffix(suffix: str, technique: str) -> list[dict]:
-    """Every committed row whose variant is a base variant's name plus `suffix` (a candidate
-    known only by its rows, its code gone), beside that base from the same run, oldest run first:
-    the fields of `bench.candidate_gains`, with `technique` naming what the suffix changed."""
+def gains_of_marker(marker: str, technique: str) -> list[dict]:
+    """Every committed row whose variant is a base variant's name with `marker` added (e.g.
+    `_step_in_backward` at its end; a candidate known only by its rows, its code gone), beside
+    that base from the same run, oldest run first: the fields of `bench.candidate_gains`, with
+    `technique` naming what the marker changed."""
     gains = []
     for run, report in bench.committed_train_runs():
         rows = _ok_rows(report)
         for name, row in rows.items():
-            base = rows.get(name.removesuffix(suffix))
-            if not name.endswith(suffix) or base is None:
+            base = rows.get(name.replace(marker, "", 1))
+            if marker not in name or base is None:
                 continue
             gains.append({"variant": name, "base": base["variant"], "technique": technique,
                           "precision": bench.row_precision(base), "base_ms": base["median_ms"],
@@ -57,7 +58,7 @@ def candidate_gains() -> list[dict]:
     """Every experiment the course did not adopt or adopted only in part, beside its base variant
     from the same run: the compiled loss and AdamW (`bench.committed_candidate_gains`) and AdamW
     stepped in the backward pass (committed rows only: its code left the package)."""
-    return bench.committed_candidate_gains() + gains_of_suffix(STEP_IN_BACKWARD,
+    return bench.committed_candidate_gains() + gains_of_marker(STEP_IN_BACKWARD,
                                                                STEP_IN_BACKWARD_TECHNIQUE)
 
 

@@ -12,12 +12,7 @@ The permutations (`experts.PERMUTATIONS`):
   `rows_alignment` under the active TE recipe;
 * "te": TE's fused `moe_permute_and_pad_with_probs` / `moe_unpermute` where the backend runs
   TE (`uses_te`: a GPU with TE), which pads each expert's rows in the same kernel; elsewhere
-  `routing.permute`, with the same result;
-* "te_host_counts": the same TE kernels, with the per-expert counts read to the host once
-  first and handed on as the experts' `rows_per_expert` (a CPU tensor), for a backend that
-  needs them on the host anyway (`te.GroupedLinear` takes its split sizes as a list): one host
-  sync per layer instead of TE's wrapper's two plus the backend's own;
-* "static": `routing.permute_static`, a buffer sized by the shapes alone (no host read).
+  `routing.permute`, with the same result.
 
 `run_experts` is one layer's experts behind this dispatch: the MoE block's `model.LocalDispatcher`
 (a process that holds all the experts) runs it; expert parallelism swaps that dispatcher for
@@ -34,7 +29,7 @@ import torch
 
 from ..precision import hardware, recipes
 from .experts import Experts, TEExperts, check_expert_inputs
-from .routing import permute, permute_static, unpermute
+from .routing import permute, unpermute
 
 
 @dataclass
@@ -49,53 +44,23 @@ class Dispatched:
 
 
 def te_dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
-                num_experts: int, align: int, te, host_counts: bool = False) -> Dispatched:
+                num_experts: int, align: int, te) -> Dispatched:
     """Permute token copies to their experts with TE's fused kernels (`te`: the
     transformer_engine.pytorch module): `moe_permute_and_pad_with_probs` sorts and pads in one
-    pass, `moe_unpermute` merges (with the routing weights, or without).
-
-    `host_counts`: read the per-expert counts to the host once and run TE's permutation kernel
-    (`torch.ops.te_moe.permute_mask_map_fwd`, with its autograd) on them directly; the rows per
-    expert come back as a CPU tensor the experts reuse. TE's wrapper instead reads the device
-    counts twice, a `torch.equal` (padding needed?) and an `.item()` (the output's rows)
-    (`moe_permute_and_pad_with_probs`, transformer_engine/pytorch/permutation.py:1014-1024,
-    TE 2.20.2); the padding offsets are computed here as it computes them, on the device."""
+    pass, `moe_unpermute` merges (with the routing weights, or without)."""
     num_tokens, indices = hidden.shape[0], indices.long()  # scatter takes int64 indices only
     routing_map = torch.zeros(num_tokens, num_experts, dtype=torch.int32, device=hidden.device)
     routing_map.scatter_(1, indices, 1)
     probs = torch.zeros(num_tokens, num_experts, dtype=torch.float32,
                         device=hidden.device).scatter(1, indices, weights.float())
-    if host_counts:
-        rows, row_weights, row_id_map, pad_offsets, m_splits = _te_permute_with_host_counts(
-            hidden, probs, routing_map, align)
-        path = "te_moe.permute_mask_map_fwd (counts read once)"
-    else:
-        rows, row_weights, row_id_map, pad_offsets, m_splits = te.moe_permute_and_pad_with_probs(
-            hidden, probs, routing_map, routing_map.sum(0), align)
-        path = "te.moe_permute_and_pad_with_probs"
+    rows, row_weights, row_id_map, pad_offsets, m_splits = te.moe_permute_and_pad_with_probs(
+        hidden, probs, routing_map, routing_map.sum(0), align)
 
     def combine(y, merge):
         return te.moe_unpermute(y, row_id_map, merging_probs=probs if merge else None,
                                 restore_shape=hidden.shape, pad_offsets=pad_offsets)
 
-    return Dispatched(rows, row_weights, m_splits, combine, path)
-
-
-def _te_permute_with_host_counts(hidden, probs, routing_map, align: int, permute_op=None):
-    """TE's permute-and-pad from counts read to the host once: (rows, row weights, row_id_map,
-    pad_offsets or None, padded rows per expert on the CPU). `permute_op`: TE's
-    `permute_mask_map_fwd` (the default) or a stand-in with its signature (tests)."""
-    counts_on_device = routing_map.sum(0)
-    counts = counts_on_device.cpu()  # the layer's one host sync
-    padded = (counts + align - 1) // align * align
-    pad_offsets = None
-    if not torch.equal(padded, counts):  # host tensors: no sync
-        pad = (counts_on_device + align - 1) // align * align - counts_on_device
-        pad_offsets = torch.cat([pad.new_zeros(1), pad.cumsum(0)[:-1]])
-    permute_op = permute_op or torch.ops.te_moe.permute_mask_map_fwd
-    rows, row_id_map, row_weights = permute_op(hidden, routing_map, int(padded.sum()), probs,
-                                               pad_offsets)
-    return rows, row_weights, row_id_map, pad_offsets, padded
+    return Dispatched(rows, row_weights, m_splits, combine, "te.moe_permute_and_pad_with_probs")
 
 
 def sort_dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
@@ -110,27 +75,14 @@ def sort_dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Te
                       "routing.permute" + (" (by slot)" if slot_major else ""))
 
 
-def static_dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
-                    num_experts: int, align: int) -> Dispatched:
-    """Permute token copies to their experts with `routing.permute_static` (no host read; no
-    row weights: the sync-free backends leave the weights to the merge)."""
-    rows, perm = permute_static(hidden, indices, num_experts, align)
-    return Dispatched(rows, None, perm.m_splits,
-                      lambda y, merge: unpermute(y, perm, weights if merge else None),
-                      f"permute_static ({perm.num_rows} rows, align {align})")
-
-
 def dispatch(hidden: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
              experts: Experts) -> Dispatched:
     """Sort the token copies as `experts` asks (`experts.permutation`), each expert's rows padded
     to its `rows_alignment` under the active recipe."""
     align = experts.rows_alignment(recipes.active_recipe())
-    if experts.permutation == "static":
-        return static_dispatch(hidden, indices, weights, experts.num_experts, align)
-    if experts.permutation in ("te", "te_host_counts") and experts.uses_te:
+    if experts.permutation == "te" and experts.uses_te:
         d = te_dispatch(hidden, indices, weights, experts.num_experts, align,
-                        hardware.transformer_engine(),
-                        host_counts=experts.permutation == "te_host_counts")
+                        hardware.transformer_engine())
     else:
         d = sort_dispatch(hidden, indices, weights, experts.num_experts, align,
                           slot_major=experts.permutation == "sort_by_slot",

@@ -90,8 +90,7 @@ class Rotary:
 # FlashAttention-2, torch's default, for mixtral-2l's layers on the H200: see the step history
 # in docs/benchmarks.md and benchmarks/results/h200_cudnn_attention_rope.json); torch falls
 # through to the next backend where one cannot take the inputs (the CPU runs the math backend).
-# A model chooses among others with `MoEForCausalLM.set_attention_backends` (a CUDA-graphed step
-# leaves cuDNN's out: train/graphed.py says why).
+# A model chooses among others with `MoEForCausalLM.set_attention_backends`.
 ATTENTION_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                       SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
@@ -440,7 +439,7 @@ class MoEForCausalLM(nn.Module):
     def set_expert_backend(self, name: str, **options) -> MoEForCausalLM:
         """Switch every layer's experts to backend `name` (see `experts.convert_experts`; the TE
         backends take `align` and `cutlass`, te_ops also `glu_interleave_size` and
-        `require_fused`, te_grouped_linear `host_counts`), or to the one the course
+        `require_fused`), or to the one the course
         picks for this model's expert width, precision and machine (`"auto"`:
         `experts.default_backend`). Create the optimizer after this: a TE backend has its own
         parameters."""

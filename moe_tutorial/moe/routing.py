@@ -26,9 +26,8 @@ multiple of an alignment (`recipes.alignment`, TE 2.20's rule: 16 for the FP8 re
 scaling included, 32 for MXFP8, 128 for NVFP4; 256 for the fused grouped MLP): `align` pads each
 block with zero rows. `unpermute` is the exact
 inverse: it gathers each token's k expert outputs (never a padding row), weights them by the
-routing probabilities and sums them. `permute_static` sorts the same way into a buffer sized by
-the shapes alone (no host read, for CUDA graphs); the dispatcher (`dispatch.py`) runs one of
-them once per layer, and the experts take its sorted rows.
+routing probabilities and sums them. The dispatcher (`dispatch.py`) runs `permute` once per
+layer, and the experts take its sorted rows.
 
 Everything here is plain differentiable torch with no Python loop over tokens or experts.
 """
@@ -302,50 +301,6 @@ def permute_rows(rows: torch.Tensor, weights: torch.Tensor | None,
                          "permute token copies with permute")
     row_weights = None if weights is None else _scatter_rows(weights[perm.token_index], perm)
     return _Dispatch.apply(rows, perm), row_weights
-
-
-def static_rows(num_tokens: int, top_k: int, num_experts: int, align: int = 1) -> int:
-    """Rows of `permute_static`'s buffer: T·k token copies, and where each expert's rows are
-    padded to a multiple of `align`, room for the most padding any routing can need
-    (E·(align-1)), rounded up to a multiple of `align`. Shapes only: no routing is read."""
-    copies = num_tokens * top_k
-    if align == 1:
-        return copies
-    return -(-(copies + num_experts * (align - 1)) // align) * align
-
-
-def permute_static(hidden: torch.Tensor, indices: torch.Tensor, num_experts: int,
-                   align: int = 1) -> tuple[torch.Tensor, Permutation]:
-    """`permute` without a host read: the token copies sorted by expert (stable) into a buffer
-    of `static_rows(T, k, E, align)` rows, each expert's block starting at a multiple of
-    `align`. Returns (rows [R, H], the `Permutation` that `unpermute` inverts).
-
-    `permute` sizes its buffer from the routing (`int(m_splits.sum())`), a read that makes the
-    host wait for the GPU and that a CUDA graph cannot capture; this buffer's size depends on the
-    shapes alone. The permutation's `m_splits` are the padded rows per expert with the buffer's
-    unused tail added to the last expert, so `perm.offsets` (the GEMMs' row ends) end at R:
-    every row of the buffer belongs to an expert, the unused ones are zero rows (their outputs
-    and gradients are zero)."""
-    _check_align(align)
-    num_tokens, top_k = indices.shape
-    flat = indices.reshape(-1).long()  # index_add_ takes int64 indices
-    order = torch.argsort(flat, stable=True)
-    # index_add_ of ones counts without reading the indices' range (bincount reads it: a sync)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
-    counts.index_add_(0, flat, torch.ones_like(flat))
-    padded = padded_rows(counts, align)
-    num_rows = static_rows(num_tokens, top_k, num_experts, align)
-    # The unused tail goes to the last expert: a multiple of `align` (both sums are)
-    m_splits = torch.cat([padded[:-1], padded[-1:] + (num_rows - padded.sum())])
-    sorted_experts = flat[order]
-    real_starts = torch.cumsum(counts, 0) - counts
-    padded_starts = torch.cumsum(padded, 0) - padded
-    rank_in_expert = torch.arange(flat.numel(), device=flat.device) - real_starts[sorted_experts]
-    row_index = padded_starts[sorted_experts] + rank_in_expert
-    assignment_rows = torch.empty_like(row_index).scatter_(0, order, row_index)
-    perm = Permutation(order // top_k, row_index, assignment_rows.view(num_tokens, top_k),
-                       counts, m_splits, num_rows, align)
-    return _Dispatch.apply(hidden, perm), perm
 
 
 def _scatter_rows(sorted_values: torch.Tensor, perm: Permutation) -> torch.Tensor:

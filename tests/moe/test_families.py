@@ -15,7 +15,7 @@ import torch.distributed as dist
 from moe_tutorial.moe import families
 from moe_tutorial.moe.batch import next_token_targets
 from moe_tutorial.moe.config import MoEConfig
-from moe_tutorial.moe.experts import EXPERT_BACKENDS, SELF_QUANTIZING_BACKENDS, convert_experts
+from moe_tutorial.moe.experts import EXPERT_BACKENDS, convert_experts
 from moe_tutorial.moe.hf import from_hf, hf_gradients, to_hf_state_dict
 from moe_tutorial.moe.model import MoEBlock, MoEForCausalLM, Router
 from moe_tutorial.moe.routing import group_limited_top_k, route_sigmoid, update_correction_bias
@@ -158,12 +158,7 @@ def test_logits_loss_and_gradients_match_hf(hf_models, family, name, hf_experts)
     _assert_within_tolerance(_compare_with_hf(hf, ours))
 
 
-# The backends that compute in the model's precision: HF's numbers to TOLERANCE. The FP8 ones
-# (SELF_QUANTIZING_BACKENDS) are checked against the loop at FP8 tolerance (test_sync_free.py).
-EXACT_BACKENDS = [b for b in EXPERT_BACKENDS if b not in SELF_QUANTIZING_BACKENDS]
-
-
-@pytest.mark.parametrize("backend", EXACT_BACKENDS)
+@pytest.mark.parametrize("backend", EXPERT_BACKENDS)
 @pytest.mark.parametrize("family", HF_CONFIGS)
 def test_every_expert_backend_runs_every_family(hf_models, family, backend):
     """The routed experts take (hidden, indices, weights) whatever the router and whatever
@@ -263,7 +258,7 @@ def _block_gradients(block) -> dict:
 
 
 @pytest.mark.parametrize("hf_experts, backend", [(impl, "grouped_torch") for impl in HF_EXPERTS]
-                         + [("eager", backend) for backend in EXACT_BACKENDS
+                         + [("eager", backend) for backend in EXPERT_BACKENDS
                             if backend != "grouped_torch"])
 @pytest.mark.parametrize("name", DEEPSEEK_CONFIGS)
 def test_deepseek_v3_moe_block_matches_hf(deepseek_models, name, hf_experts, backend):

@@ -1,6 +1,5 @@
 """The model's replaceable pieces are set on the model, never patched into a module: the attention
-kernels (`MoEForCausalLM.set_attention_backends`, which a CUDA-graphed step narrows and restores)
-and the routing rule (`set_routing`, which `train_dist.starve_experts` wraps and restores)."""
+kernels (`MoEForCausalLM.set_attention_backends`) and the routing rule (`set_routing`, which `train_dist.starve_experts` wraps and restores)."""
 
 import pytest
 import torch
@@ -10,16 +9,15 @@ from moe_tutorial.moe import model as moe_model
 from moe_tutorial.moe.config import preset
 from moe_tutorial.moe.model import ATTENTION_BACKENDS, MoEForCausalLM
 from moe_tutorial.perf.dist_model import starve_experts
-from moe_tutorial.train.graphed import GRAPH_SAFE_ATTENTION_BACKENDS, graph_safe_attention
 
 
-def test_a_graph_safe_block_narrows_our_attention_and_restores_it():
+def test_attention_backends_narrow_every_layer_and_restore():
     model = MoEForCausalLM(preset("tiny"))
-    wrapper = torch.nn.Sequential(model)  # as a compiled or wrapped module holds it
-    with graph_safe_attention(wrapper):
-        assert all(layer.self_attn.backends == tuple(GRAPH_SAFE_ATTENTION_BACKENDS)
-                   for layer in model.model.layers)
-        assert SDPBackend.CUDNN_ATTENTION not in model.attention_backends
+    narrowed = [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    model.set_attention_backends(narrowed)
+    assert all(layer.self_attn.backends == tuple(narrowed) for layer in model.model.layers)
+    assert SDPBackend.CUDNN_ATTENTION not in model.attention_backends
+    model.set_attention_backends()
     assert model.attention_backends == tuple(ATTENTION_BACKENDS)
     assert moe_model.ATTENTION_BACKENDS[0] == SDPBackend.CUDNN_ATTENTION  # the module's own, as it was
 

@@ -74,7 +74,7 @@ def test_all_to_all_volume_is_what_the_layer_exchanges(monkeypatch):
     assert len(log) == 7 * config.num_layers
 
 
-@pytest.mark.parametrize("backend", ["naive", "grouped_torch", "sync_free", "te_ops"])
+@pytest.mark.parametrize("backend", ["naive", "grouped_torch", "te_permute_grouped_mm", "te_ops"])
 def test_expert_parallelism_sorts_the_token_copies_once(monkeypatch, backend):
     """Under ep=2 (one process, the exchanges replaced by identities as above) every MoE layer
     sorts its token copies once, before the exchange: the arrivals are regrouped by the

@@ -311,24 +311,21 @@ def test_candidate_gains_pair_each_candidate_with_its_base_from_the_same_run():
 
 
 def test_variant_names_are_derived_from_their_options():
-    """The names are built from the options, and they are the names every committed result,
-    the docs and the sync-free driver use: a committed row of a variant still named finds it,
-    and the only committed rows without one are the measured and not adopted candidates."""
+    """The names are built from the options, and they are the names every committed result and
+    the docs use: a committed row of a variant still named finds it, and the only committed rows
+    without one are the measured and not adopted candidates, whose code left the package."""
     assert bench.Variant.of("grouped_mm", hf=True, compiled=True, compiled_adamw=True).name == (
         "hf_grouped_mm_compiled_compiled_adamw")
     assert bench.Variant.of("te_ops", "fp8", compiled_loss=True, compiled_adamw=True).name == (
         "ours_te_ops_fp8_compiled")
-    assert bench.Variant.of("sync_free_fp8_wgrad", "fp8", graphed=True,
-                            compiled_loss=True).name == "ours_sync_free_fp8_wgrad_graphed_compiled_loss"
+    assert bench.Variant.of("te_ops", "bf16", compiled_loss=True, compiled_adamw=True,
+                            compiled_norms=True).name == "ours_te_ops_bf16_compiled_compiled_norms"
     assert all(bench.Variant.of(v.backend, v.precision, hf=v.hf, compiled=v.compiled,
                                 compiled_loss=v.compiled_loss, compiled_adamw=v.compiled_adamw,
-                                graphed=v.graphed, host_counts=v.host_counts,
                                 compiled_norms=v.compiled_norms) == v
                for v in bench.VARIANTS.values())
-    assert bench.Variant.of("te_grouped_linear", "fp8", host_counts=True, compiled_loss=True,
-                            compiled_adamw=True).name == "ours_te_grouped_linear_fp8_host_counts_compiled"
     assert len(bench.VARIANTS) == len(bench.LADDER + bench.COMPILED_STEPS + bench.COMPILED_ALONE
-                                      + bench.SYNC_FREE + bench.ONE_HOST_READ
+                                      + bench.COMPILED_GROUPED_LINEAR
                                       + bench.COMPILED_NORMS)  # one name each
     committed = {r["variant"] for _, report in bench.committed_train_runs()
                  for r in report["results"] if r.get("part") == "train"}
@@ -337,14 +334,11 @@ def test_variant_names_are_derived_from_their_options():
         "ours_te_ops_fp8_step_in_backward", "hf_grouped_mm_compiled_compiled_adamw_step_in_backward",
         "ours_te_ops_bf16_compiled_step_in_backward",
         "ours_te_ops_fp8_compiled_loss_step_in_backward",
-        "ours_te_ops_fp8_compiled_step_in_backward"}
+        "ours_te_ops_fp8_compiled_step_in_backward",
+        "ours_te_grouped_linear_fp8_host_counts_compiled",
+        "ours_sync_free_bf16", "ours_sync_free_bf16_graphed", "ours_sync_free_fp8",
+        "ours_sync_free_fp8_graphed", "ours_sync_free_fp8_wgrad_graphed"}
     assert set(bench.TRAIN_VARIANTS + bench.GPU_EXTRA_VARIANTS) <= committed
-    sync_free = {"ours_sync_free_bf16", "ours_sync_free_bf16_graphed", "ours_sync_free_fp8",
-                 "ours_sync_free_fp8_graphed", "ours_sync_free_fp8_wgrad_graphed",
-                 "ours_sync_free_bf16_graphed_compiled_loss",
-                 "ours_sync_free_fp8_graphed_compiled_loss",
-                 "ours_sync_free_fp8_wgrad_graphed_compiled_loss"}
-    assert {v.name for v in bench.SYNC_FREE} == sync_free
 
 
 def test_an_unknown_variant_is_refused_in_one_line_naming_the_choices(capsys):
@@ -353,11 +347,3 @@ def test_an_unknown_variant_is_refused_in_one_line_naming_the_choices(capsys):
     assert len(err.splitlines()) == 1
     assert "unknown training variant 'ours_te_ops_fp8_step_in_backward'" in err
     assert all(name in err for name in bench.VARIANTS)
-
-
-def test_the_host_counts_variant_builds_te_grouped_linear_with_one_read():
-    model, _ = bench.variant("ours_te_grouped_linear_bf16_host_counts_compiled").build(
-        preset("tiny"), "cpu")
-    assert {layer.mlp.experts.permutation for layer in model.model.layers} == {"te_host_counts"}
-    with pytest.raises(ValueError, match="host_counts is an option of our te_grouped_linear"):
-        bench.Variant.of("te_ops", "fp8", host_counts=True)

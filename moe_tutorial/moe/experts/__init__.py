@@ -6,7 +6,6 @@ Read in this order:
     base.py                   the contract every backend keeps (`Experts`), the stacked weights
     grouped_torch.py          two grouped GEMMs over all experts (`torch._grouped_mm`)
     te_permute_grouped_mm.py  the same GEMMs, fed by TE's fused permutation
-    sync_free.py              GEMMs the host never waits for (bf16, FP8), for CUDA graphs
     te_base.py                what the TE backends share; TE's CUTLASS grouped GEMM option
     te_grouped_linear.py      two `te.GroupedLinear`
     te_ops.py                 `te.ops.Sequential(GroupedLinear, ScaledSwiGLU, GroupedLinear)`
@@ -25,7 +24,6 @@ from .naive import NaiveExperts
 from .registry import (
     BACKENDS,
     EXPERT_BACKENDS,
-    SELF_QUANTIZING_BACKENDS,
     SMALL_EXPERT_ELEMENTS,
     STACKED_BACKENDS,
     TE_BACKENDS,
@@ -35,7 +33,6 @@ from .registry import (
     create,
     default_backend,
 )
-from .sync_free import SyncFreeExperts
 from .te_base import CUTLASS_GROUPED_GEMM_ENV, TEExperts, cutlass_grouped_gemm
 from .te_grouped_linear import TEGroupedLinearExperts
 from .te_ops import (
@@ -62,10 +59,10 @@ from .te_stand_ins import (
 __all__ = [
     "BACKENDS", "CUTLASS_GROUPED_GEMM_ENV", "EXPERT_BACKENDS", "FUSED_MLP_FEATURE_MULTIPLE",
     "FUSED_MLP_GLU_INTERLEAVE", "FUSED_MLP_RECIPES", "FUSED_MLP_ROWS_PER_EXPERT",
-    "FUSED_MLP_TOTAL_ROWS_MULTIPLE", "PERMUTATIONS", "SELF_QUANTIZING_BACKENDS",
+    "FUSED_MLP_TOTAL_ROWS_MULTIPLE", "PERMUTATIONS",
     "SMALL_EXPERT_ELEMENTS", "STACKED_BACKENDS", "TE_BACKENDS", "Experts", "GroupedTorchExperts", "NaiveExperts",
     "StandInGroupedLinear", "StandInScaledSwiGLU", "StandInSequential", "StackedExperts",
-    "SyncFreeExperts", "TEExperts", "TEGroupedLinearExperts", "TEOpsExperts",
+    "TEExperts", "TEGroupedLinearExperts", "TEOpsExperts",
     "TEPermuteGroupedMMExperts", "availability", "backend_label", "check_expert_inputs",
     "convert_experts", "create", "cutlass_grouped_gemm", "deinterleave_glu", "default_backend",
     "grouped_mm", "grouped_mm_unusable", "interleave_glu", "scaled_swiglu", "swiglu",

@@ -32,10 +32,7 @@ from ..routing import check_compute_dtype, check_expert_indices, check_routed_sh
 #   "sort_by_slot"  routing.permute(slot_major=True): each expert's copies by slot, then token
 #   "te"            TE's fused moe_permute_and_pad_with_probs where TE runs on the tokens' GPU,
 #                   else routing.permute
-#   "te_host_counts" the same kernels from counts read to the host once, handed on as a CPU
-#                   rows_per_expert (for a backend that needs them on the host anyway)
-#   "static"        routing.permute_static: a buffer sized from the shapes alone (no host read)
-PERMUTATIONS = ("sort", "sort_by_slot", "te", "te_host_counts", "static")
+PERMUTATIONS = ("sort", "sort_by_slot", "te")
 
 
 def swiglu(gate_up: torch.Tensor, glu_interleave_size: int | None = None) -> torch.Tensor:

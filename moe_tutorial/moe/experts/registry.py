@@ -17,7 +17,6 @@ from ...precision import hardware
 from .base import Experts, StackedExperts
 from .grouped_torch import GroupedTorchExperts
 from .naive import NaiveExperts
-from .sync_free import SyncFreeExperts
 from .te_base import TEExperts, why_no_te
 from .te_grouped_linear import TEGroupedLinearExperts
 from .te_ops import TEOpsExperts
@@ -39,9 +38,6 @@ BACKENDS: dict[str, Backend] = {
     "grouped_torch": Backend(GroupedTorchExperts),
     "te_permute_grouped_mm": Backend(TEPermuteGroupedMMExperts,
                                      te_part="TE's permutation kernels"),
-    "sync_free": Backend(SyncFreeExperts),
-    "sync_free_fp8": Backend(SyncFreeExperts, {"fp8": True}),
-    "sync_free_fp8_wgrad": Backend(SyncFreeExperts, {"fp8": True, "fp8_weight_gradient": True}),
     "te_grouped_linear": Backend(TEGroupedLinearExperts, te_part="te.GroupedLinear"),
     "te_ops": Backend(TEOpsExperts, te_part="te.ops' grouped MLP"),
 }
@@ -50,8 +46,6 @@ EXPERT_BACKENDS = tuple(BACKENDS)
 # per-expert parameters
 STACKED_BACKENDS = tuple(name for name, b in BACKENDS.items() if issubclass(b.cls, StackedExperts))
 TE_BACKENDS = tuple(name for name, b in BACKENDS.items() if issubclass(b.cls, TEExperts))
-# Backends that run FP8 GEMMs of their own in a bf16 model (no te.autocast around them)
-SELF_QUANTIZING_BACKENDS = tuple(name for name, b in BACKENDS.items() if b.options.get("fp8"))
 
 
 def _backend(name: str) -> Backend:
@@ -85,7 +79,7 @@ def convert_experts(experts: Experts, name: str, **options) -> Experts:
     """An experts module running backend `name` with the same weights as `experts` (shared
     among the stacked-layout backends, copied through the HF layout to or from a TE one).
     `options` go to the backend's class (the TE backends take `align` and `cutlass`, te_ops also
-    `glu_interleave_size` and `require_fused`, te_grouped_linear `host_counts`)."""
+    `glu_interleave_size` and `require_fused`)."""
     backend = _backend(name)
     _check_options(name, backend, options)
     return backend.cls.from_experts(experts, **backend.options, **options)

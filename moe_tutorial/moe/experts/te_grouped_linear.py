@@ -20,15 +20,9 @@ class TEGroupedLinearExperts(TEExperts):
     backend = "te_grouped_linear"
 
     def __init__(self, num_experts, hidden_size, intermediate_size, *, dtype=None, device=None,
-                 align: int | None = None, cutlass: bool = False, host_counts: bool = False):
-        """`host_counts=True`: te.GroupedLinear takes its split sizes as a Python list, so the
-        counts go to the host anyway; the dispatcher then reads them once, before TE's
-        permutation kernel, which reuses them (`dispatch.te_dispatch`): one host sync per layer
-        instead of three. Off by default until it has run on a GPU beside the default path."""
+                 align: int | None = None, cutlass: bool = False):
         super().__init__(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device,
                          align=align, cutlass=cutlass)
-        if host_counts:
-            self.permutation = "te_host_counts"
         te = self._te
         for name, (n_in, n_out) in (("gate_up", (hidden_size, 2 * intermediate_size)),
                                     ("down", (intermediate_size, hidden_size))):
@@ -42,7 +36,8 @@ class TEGroupedLinearExperts(TEExperts):
         return self.gate_up, self.down
 
     def grouped_mlp(self, rows, rows_per_expert, row_weights):
-        # the host copy both GEMMs share, forward and backward (the dispatcher's, on a GPU)
+        # te.GroupedLinear takes its split sizes as a Python list: one host copy, which both
+        # GEMMs share, forward and backward
         m_splits = rows_per_expert.tolist()
         y = self.down(swiglu(self.gate_up(rows, m_splits)), m_splits)
         impl = "te.GroupedLinear" if self.uses_te else "StandInGroupedLinear"

@@ -10,7 +10,7 @@ Read in this order:
     variants.py       the training step's variants (`Variant`, the named sets `VARIANTS`) and
                       the candidate changes beside the ladder variant each changes
     train_step.py     the training step timed per variant (`bench_train_step`), and profiled
-    loss_curves.py    do the variants train alike (`train_loss_curves`, `graphed_loss_curves`)
+    loss_curves.py    do the variants train alike (`train_loss_curves`)
     summary.py        the headline ratios, the printed tables, the whole run (`run`) and one
                       report merged from a run's parts (`merge_reports`)
 
@@ -30,7 +30,7 @@ from .expert_layer import (
     make_routing,
     precision_kind,
 )
-from .loss_curves import graphed_loss_curves, train_loss_curves
+from .loss_curves import train_loss_curves
 from .summary import (
     EXPERT_HEADER,
     MFU_LEGEND,
@@ -59,12 +59,11 @@ from .variants import (
     BF16_AND_FP8,
     CANDIDATE_VARIANTS,
     COMPILED_ALONE,
+    COMPILED_GROUPED_LINEAR,
     COMPILED_NORMS,
     COMPILED_STEPS,
     GPU_EXTRA_VARIANTS,
     LADDER,
-    ONE_HOST_READ,
-    SYNC_FREE,
     TRAIN_VARIANTS,
     VARIANTS,
     Variant,
@@ -79,14 +78,14 @@ from .variants import (
 )
 
 __all__ = [
-    "BF16_AND_FP8", "CANDIDATE_VARIANTS", "COMPILED_ALONE", "COMPILED_NORMS", "COMPILED_STEPS",
+    "BF16_AND_FP8", "CANDIDATE_VARIANTS", "COMPILED_ALONE", "COMPILED_GROUPED_LINEAR", "COMPILED_NORMS", "COMPILED_STEPS",
     "EXPERT_HEADER", "EXPERT_SHAPES", "FAMILY_SHAPES", "GPU_EXTRA_VARIANTS", "LADDER", "MFU_LEGEND",
-    "ONE_HOST_READ", "ROUTINGS", "SYNC_FREE", "TOLERANCE", "TRAIN_HEADER", "TRAIN_VARIANTS",
+    "ROUTINGS", "TOLERANCE", "TRAIN_HEADER", "TRAIN_VARIANTS",
     "VARIANTS", "ExpertShape", "Variant", "bench_expert_layer", "bench_train_step", "best_step",
     "candidate_base", "candidate_gains", "check_run_arguments", "classify_error",
     "committed_candidate_gains",
     "committed_train_runs", "default_preset", "default_seq_len", "expert_variants",
-    "format_expert_row", "format_summary", "format_train_row", "graphed_loss_curves", "hf_twin",
+    "format_expert_row", "format_summary", "format_train_row", "hf_twin",
     "initial_loss",
     "make_routing", "merge_reports", "precision_kind", "profile_train_step", "random_batch",
     "row_precision", "run", "step_floor_ms", "summarize", "sync_record", "technique",

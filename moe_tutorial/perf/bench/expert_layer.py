@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ...moe.dispatch import run_experts
-from ...moe.experts import SELF_QUANTIZING_BACKENDS, convert_experts, create, default_backend
+from ...moe.experts import convert_experts, create, default_backend
 from ...moe.model import route
 from ...precision import hardware, recipes
 from ...precision.quant import rel_error
@@ -172,10 +172,8 @@ def bench_expert_layer(shape: ExpertShape, routing: str = "balanced", *, device=
                 p.grad = None
             reset_memory(device)
             experts = convert_experts(base, backend, **options) if backend != "naive" else base
-            recipe = None  # bf16, or a backend that quantizes by itself
-            if backend not in SELF_QUANTIZING_BACKENDS:
-                # the TE experts read the recipe, and its alignment, from autocast
-                recipe = recipes.resolve(precision, caps).build()
+            # the TE experts read the recipe, and its alignment, from autocast
+            recipe = recipes.resolve(precision, caps).build()
             x = hidden.detach().clone().requires_grad_()
             w = weights.detach().clone().requires_grad_()
             step, path = _expert_step(experts, recipe, x, w, indices, grad_out)

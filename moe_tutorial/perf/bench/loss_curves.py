@@ -10,8 +10,7 @@ from collections.abc import Callable
 import torch
 
 from ...moe.batch import next_token_targets
-from ...train.graphed import GraphedTrainStep, capturable_adamw
-from ...train.loop import TrainingDiverged, TrainSettings, learning_rate, set_learning_rate, train
+from ...train.loop import TrainingDiverged, TrainSettings, train
 from ..timing import peak_memory_gb, reset_memory
 from .expert_layer import classify_error
 from .variants import variant
@@ -103,46 +102,3 @@ def _curve_windows(config, windows: torch.Tensor | None, needed: int,
         raise ValueError(f"windows of {windows.shape[-1]} tokens are shorter than "
                          f"seq_len={seq_len}")
     return windows[torch.arange(needed) % windows.shape[0], :seq_len]
-
-
-def graphed_loss_curves(config, variants, *, steps: int = 80, batch: int = 4, seq_len: int = 256,
-                        lr: float = 1e-3, device="cuda",
-                        windows: torch.Tensor | None = None) -> list[dict]:
-    """Loss curves of `steps` steps from the same initial weights on the same batches: eager
-    variants through `train_loss_curves` (the course's `train.train`), graphed ones
-    (`Variant.graphed`) through `GraphedTrainStep` with the same settings (AdamW groups,
-    betas, weight decay, the warm-up + cosine learning rate written into the graph's tensor lr
-    before each step, clipping to norm 1). `windows`: token ids ``[n, >= seq_len]`` used in
-    order (e.g. `data.load_protein_data(seq_len).train`); default: random tokens, which hold
-    nothing to learn beyond a uniform guess. One row per variant, as `train_loss_curves`
-    gives."""
-    windows = _curve_windows(config, windows, steps * batch, seq_len)
-    eager = [name for name in variants if not variant(name).graphed]
-    rows = {row["variant"]: row for row in train_loss_curves(
-        config, eager, steps=steps, batch=batch, seq_len=seq_len, device=device, lr=lr,
-        windows=windows)} if eager else {}
-    settings = TrainSettings(steps=steps, batch_size=batch, lr=lr, warmup_steps=steps // 10,
-                             eval_every=0)
-    for name in variants:
-        if name in rows:
-            continue
-        v = variant(name)
-        row = dict(part="curve", variant=name, steps=steps, batch=batch, seq_len=seq_len,
-                   losses=[], status="ok", graphed=True)
-        try:
-            model, forward = v.build(config, device)
-            optimizer = capturable_adamw(model, lr, settings)
-            step = GraphedTrainStep(model, optimizer, grad_clip=settings.grad_clip,
-                                    forward=forward)
-            losses = []
-            for i in range(steps):
-                ids = windows[i * batch:(i + 1) * batch].to(device)
-                set_learning_rate(optimizer, learning_rate(i, settings))
-                losses.append(step((ids, next_token_targets(ids))).float().clone())
-            row["losses"] = torch.stack(losses).tolist()  # one read, after the last step
-            row["path"] = model.expert_paths()[0]
-            del model, forward, optimizer, step
-        except Exception as exc:  # one broken variant must not hide the others' curves
-            row.update(status="error", error=f"{type(exc).__name__}: {exc}"[:500])
-        rows[name] = row
-    return [rows[name] for name in variants]

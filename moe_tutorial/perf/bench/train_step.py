@@ -10,7 +10,6 @@ from collections.abc import Callable
 import torch
 
 from ...moe.batch import next_token_targets
-from ...train.graphed import GraphedTrainStep
 from ...train.loop import loss_of, train_step
 from ..host_syncs import count_host_syncs
 from ..timing import (
@@ -26,41 +25,24 @@ from .expert_layer import classify_error
 from .variants import TRAIN_VARIANTS, Variant, variant
 
 
-def timed_step(module, forward, optimizer, batch, graphed: bool = False):
+def timed_step(module, forward, optimizer, batch):
     """The training loop's own step (`train.train_step`) as the benchmark times it: no gradient
     clipping and no per-step host sync for the divergence guard — the step the committed
-    measurements and HF's baseline step are. `graphed`: the whole step, gradient clipping
-    included, replayed from one CUDA graph (`sync_free.GraphedTrainStep`; its first calls run
-    eagerly, then it captures: the benchmark's warm-up calls)."""
-    if graphed:
-        step = GraphedTrainStep(module, optimizer, grad_clip=1.0, forward=forward)
-        return lambda: step(batch)
+    measurements and HF's baseline step are."""
     return lambda: train_step(module, batch, optimizer, grad_clip=None, forward=forward,
                               guard=False)
 
 
-def sync_record(step, on_gpu: bool, graphed: bool) -> dict:
+def sync_record(step, on_gpu: bool) -> dict:
     """How many times one more call of the (warmed-up) step makes the host wait for the GPU, and
-    where (torch's sync debug mode: `sync_free.count_host_syncs`); for a graphed step also
-    whether a call passes with that mode raising on the first sync."""
+    where (torch's sync debug mode: `host_syncs.count_host_syncs`)."""
     if not on_gpu:
         return {}
     from collections import Counter
 
     count, places = count_host_syncs(step)
-    record = {"host_syncs_per_step": count,
-              "host_sync_places": dict(Counter(places).most_common(12))}
-    if graphed:
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            step()
-            record["sync_debug_mode_error"] = "passed"
-        except RuntimeError as exc:
-            record["sync_debug_mode_error"] = f"raised: {exc}"[:300]
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        torch.cuda.synchronize()
-    return record
+    return {"host_syncs_per_step": count,
+            "host_sync_places": dict(Counter(places).most_common(12))}
 
 
 @torch.no_grad()
@@ -106,7 +88,7 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                 row["status"] = "wrong"
             else:
                 retries = allocator_retries(device)
-                step = timed_step(module, forward, opt, (inputs, targets), v.graphed)
+                step = timed_step(module, forward, opt, (inputs, targets))
                 t = time_fn(step, warmup=warmup, iters=iters, device=device)
                 tokens_per_s = tokens / (t.median_ms / 1e3)
                 row.update(status="ok", median_ms=t.median_ms, min_ms=t.min_ms, timer=t.timer,
@@ -116,9 +98,7 @@ def bench_train_step(config, variants=TRAIN_VARIANTS, *, batch: int = 2, seq_len
                     row["allocator_retries"] = allocator_retries(device) - retries
                 if not v.hf:
                     row["path"] = module.expert_paths()[0]
-                if v.graphed:
-                    row["grad_clip"] = 1.0
-                row.update(sync_record(step, torch.device(device).type == "cuda", v.graphed))
+                row.update(sync_record(step, torch.device(device).type == "cuda"))
         except torch.cuda.OutOfMemoryError:
             row["status"] = "OOM"
         except Exception as exc:

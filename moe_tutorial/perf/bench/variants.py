@@ -11,10 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...moe.experts import SELF_QUANTIZING_BACKENDS
 from ...moe.hf_baseline import compile_for_training, hf_mixtral, hf_training_loss
 from ...moe.model import MoEForCausalLM
-from ...train.graphed import capturable_adamw
 from ...train.loop import TrainSettings, compiled_adamw, make_optimizer
 from .. import results
 from .expert_layer import precision_kind
@@ -39,36 +37,23 @@ class Variant:
     compiled_adamw: bool = False
     # Ours: every RMSNorm as torch.compile's kernels (the model's `compiled_norms`)
     compiled_norms: bool = False
-    # The whole step (forward, backward, clipping, a capturable AdamW) replayed from one CUDA
-    # graph (`train.graphed.GraphedTrainStep`): needs experts with no host read (`sync_free*`)
-    graphed: bool = False
-    # Ours, te_grouped_linear: each layer's expert counts read to the host once, for TE's
-    # permutation kernel and both grouped GEMMs (the backend's `host_counts` option)
-    host_counts: bool = False
 
     @classmethod
     def of(cls, backend: str, precision: str = "bf16", **options) -> Variant:
         """The variant of these options under its derived name: `hf_<backend>` then
         `_compiled` (the model compiled) and `_compiled_adamw`; ours `ours_<backend>_<precision>`
-        (a self-quantizing backend's name already says its precision) then `_graphed`, and
-        `_compiled` for the loss and AdamW compiled together, else `_compiled_loss` or
-        `_compiled_adamw` for one of them, then `_compiled_norms`; `_host_counts` after the
-        precision."""
+        then `_compiled` for the loss and AdamW compiled together, else `_compiled_loss` or
+        `_compiled_adamw` for one of them, then `_compiled_norms`."""
         v = cls("", backend, precision, **options)
         if v.compiled_norms and v.hf:
             raise ValueError("compiled_norms is an option of our model; HF's norms are compiled "
                              "with the rest of its model (compiled=True)")
-        if v.host_counts and (v.hf or backend != "te_grouped_linear"):
-            raise ValueError(f"host_counts is an option of our te_grouped_linear experts, not of "
-                             f"{'HF' if v.hf else 'our'} {backend!r}")
         if v.hf:
             parts = ["hf", backend, v.compiled and "compiled", v.compiled_adamw and "compiled_adamw"]
         else:
             compiled = ("compiled" if v.compiled_loss and v.compiled_adamw else
                         v.compiled_loss and "compiled_loss" or v.compiled_adamw and "compiled_adamw")
-            parts = ["ours", backend, backend not in SELF_QUANTIZING_BACKENDS and precision,
-                     v.host_counts and "host_counts", v.graphed and "graphed", compiled,
-                     v.compiled_norms and "compiled_norms"]
+            parts = ["ours", backend, precision, compiled, v.compiled_norms and "compiled_norms"]
         return replace(v, name="_".join(part for part in parts if part))
 
     @property
@@ -88,11 +73,8 @@ class Variant:
         torch.manual_seed(0)
         model = MoEForCausalLM(config, device=device)
         if not self.hf:
-            model.set_expert_backend(self.backend,
-                                     **({"host_counts": True} if self.host_counts else {}))
-            # A self-quantizing backend runs its own FP8 GEMMs in a bf16 model (no te.autocast)
-            model.set_precision("bf16" if self.backend in SELF_QUANTIZING_BACKENDS
-                                else self.precision)
+            model.set_expert_backend(self.backend)
+            model.set_precision(self.precision)
             model.compiled_loss = self.compiled_loss
             model.compiled_norms = self.compiled_norms
             return model, None  # train_step's default: model(inputs, targets)
@@ -107,13 +89,10 @@ class Variant:
         """HF's baseline as HF users run it: torch's fused AdamW over all parameters; ours: the
         course's `train.make_optimizer` (`kind`: torch's or TE's fused AdamW). `compiled_adamw`:
         torch's AdamW with its step compiled (`train.compiled_adamw`), for HF over all parameters
-        too; `graphed`: the capturable AdamW the CUDA graph replays."""
-        if self.graphed or self.compiled_adamw:
-            if kind != "torch_adamw":
-                raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer "
-                                 f"{kind} does not apply to it")
-            if self.graphed:
-                return capturable_adamw(module, lr)
+        too."""
+        if self.compiled_adamw and kind != "torch_adamw":
+            raise ValueError(f"variant {self.name} chooses its own optimizer; --optimizer "
+                             f"{kind} does not apply to it")
         settings = TrainSettings(lr=lr, steps=2, warmup_steps=0)
         if self.hf:
             if self.compiled_adamw:
@@ -148,29 +127,18 @@ COMPILED_STEPS = _expand(dict(hf=True, backend="grouped_mm", compiled=True, comp
 # ...and each alone, what each buys: named on the command line (`--train-variants`)
 COMPILED_ALONE = _expand(dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True),
                          dict(backend="te_ops", precision=BF16_AND_FP8, compiled_adamw=True))
-# No host read in the step (`sync_free`): eager, then the whole step in one CUDA graph (with
-# gradient clipping, which the eager steps above leave out), then with the compiled loss inside
-# the graph; FP8: the experts' GEMMs through torch's row-wise scaled grouped GEMM, the rest of the
-# model in bf16. Named on the command line, beside the ladder
-SYNC_FREE = _expand(dict(backend="sync_free"),
-                    dict(backend="sync_free", graphed=True, compiled_loss=(False, True)),
-                    dict(backend="sync_free_fp8", precision="fp8"),
-                    dict(backend=("sync_free_fp8", "sync_free_fp8_wgrad"), precision="fp8",
-                         graphed=True, compiled_loss=(False, True)))
-
-# TE's own path with one host read per layer: te_grouped_linear with the counts read once, the
-# loss and AdamW compiled as in the fastest steps. Named on the command line, beside
-# `ours_te_grouped_linear_*_compiled` without it
-ONE_HOST_READ = _expand(dict(backend="te_grouped_linear", precision=BF16_AND_FP8,
-                             host_counts=(False, True), compiled_loss=True, compiled_adamw=True))
+# te.GroupedLinear's experts with the loss and AdamW compiled as in the fastest steps, beside
+# te.ops' (`COMPILED_STEPS`). Named on the command line
+COMPILED_GROUPED_LINEAR = _expand(dict(backend="te_grouped_linear", precision=BF16_AND_FP8,
+                                       compiled_loss=True, compiled_adamw=True))
 
 # The fastest steps with every RMSNorm compiled too (its forward and backward each one kernel).
 # Named on the command line, beside `COMPILED_STEPS`
 COMPILED_NORMS = _expand(dict(backend="te_ops", precision=BF16_AND_FP8, compiled_loss=True,
                               compiled_adamw=True, compiled_norms=True))
 
-VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE, *SYNC_FREE,
-                                *ONE_HOST_READ, *COMPILED_NORMS)}
+VARIANTS = {v.name: v for v in (*LADDER, *COMPILED_STEPS, *COMPILED_ALONE,
+                                *COMPILED_GROUPED_LINEAR, *COMPILED_NORMS)}
 TRAIN_VARIANTS = tuple(v.name for v in LADDER)
 # What `bench` runs after the ladder on a GPU, so the summary's best step and its fair HF twin
 # come from one run

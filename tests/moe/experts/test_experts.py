@@ -65,7 +65,7 @@ def test_an_expert_with_no_tokens_gets_zero_gradient():
 def test_stacked_backends_share_parameters():
     experts = _experts()
     params = [id(p) for p in experts.parameters()]
-    for backend in ("grouped_torch", "te_permute_grouped_mm", "sync_free", "naive"):
+    for backend in ("grouped_torch", "te_permute_grouped_mm", "naive"):
         experts = convert_experts(experts, backend)
         assert experts.backend == backend
         assert [id(p) for p in experts.parameters()] == params and len(params) == 2
@@ -169,15 +169,14 @@ def test_the_dispatcher_permutes_once_per_layer(monkeypatch):
     """One sort of the token copies per MoE layer, whatever the backend: the experts take the
     dispatcher's sorted rows and sort nothing themselves."""
     calls = []
-    for name in ("permute", "permute_static"):
-        original = getattr(routing, name)
+    original = routing.permute
 
-        def counted(*args, _original=original, _name=name, **kwargs):
-            calls.append(_name)
-            return _original(*args, **kwargs)
+    def counted(*args, **kwargs):
+        calls.append("permute")
+        return original(*args, **kwargs)
 
-        for module in (routing, dispatch):  # the dispatcher's sorts, and any an expert would call
-            monkeypatch.setattr(module, name, counted)
+    for module in (routing, dispatch):  # the dispatcher's sort, and any an expert would call
+        monkeypatch.setattr(module, "permute", counted)
     x = torch.randn(10, 16)
     w, idx = route(torch.randn(10, 4), 2)
     for backend in EXPERT_BACKENDS:
@@ -222,59 +221,3 @@ def test_the_default_backend_rule_is_what_the_h200_measured():
         assert marked == [pick], (shape, how, marked)
         other = ({"te_ops", "te_permute_grouped_mm"} - {pick}).pop()
         assert ms[pick] <= 1.05 * ms[other], (shape, how, ms[pick], ms[other])
-
-
-def _routing_map(counts: list[int], tokens: int, device="cpu") -> torch.Tensor:
-    """A [tokens, E] routing map whose column e holds counts[e] ones."""
-    routing_map = torch.zeros(tokens, len(counts), dtype=torch.int32, device=device)
-    for e, n in enumerate(counts):
-        routing_map[:n, e] = 1
-    return routing_map
-
-
-def test_host_counts_permutation_pads_as_te_does():
-    """The padding offsets and rows per expert that `te_host_counts` hands TE's kernel are the
-    ones TE's wrapper computes (`moe_permute_and_pad_with_probs`: rounded-up counts, offsets the
-    exclusive cumulative sum of the padding); no padding, no offsets."""
-    counts, seen = [5, 0, 17, 10], {}
-
-    def permute_op(hidden, routing_map, num_out_tokens, probs, pad_offsets):
-        seen.update(num_out_tokens=num_out_tokens, pad_offsets=pad_offsets)
-        return hidden.new_zeros(num_out_tokens, hidden.shape[1]), None, probs.new_zeros(num_out_tokens)
-
-    hidden, probs = torch.randn(20, 8), torch.rand(20, 4)
-    for align, offsets in ((16, [0, 11, 11, 26]), (1, None)):
-        *_, pad_offsets, padded = dispatch._te_permute_with_host_counts(
-            hidden, probs, _routing_map(counts, 20), align, permute_op)
-        expected = [(n + align - 1) // align * align for n in counts]
-        assert padded.tolist() == expected and padded.device.type == "cpu"
-        assert seen["num_out_tokens"] == sum(expected)
-        assert (None if pad_offsets is None else pad_offsets.tolist()) == offsets
-
-
-def test_host_counts_permutation_reads_the_counts_once():
-    """Run on the meta device (standing for the GPU) with every host-read entry point refused
-    but the one read of the counts: a second read added later fails here."""
-    from moe_tutorial.perf import host_syncs
-
-    reads = []
-
-    def the_one_read(tensor):
-        reads.append(tuple(tensor.shape))
-        return torch.tensor([5, 0, 17, 10])
-
-    def permute_op(hidden, routing_map, num_out_tokens, probs, pad_offsets):
-        return hidden.new_empty(num_out_tokens, hidden.shape[1]), None, probs.new_empty(num_out_tokens)
-
-    hidden, probs = torch.empty(20, 8, device="meta"), torch.empty(20, 4, device="meta")
-    routing_map = torch.empty(20, 4, dtype=torch.int32, device="meta")
-    with host_syncs.host_sync_entry_points():
-        refused_cpu = torch.Tensor.cpu
-        torch.Tensor.cpu = the_one_read
-        try:
-            rows, *_, padded = dispatch._te_permute_with_host_counts(
-                hidden, probs, routing_map, 16, permute_op)
-        finally:
-            torch.Tensor.cpu = refused_cpu
-    assert reads == [(4,)]
-    assert rows.shape == (64, 8) and padded.tolist() == [16, 0, 32, 16]

@@ -9,7 +9,6 @@ from moe_tutorial.moe.experts import convert_experts, create, interleave_glu
 from moe_tutorial.moe.hf import to_hf_state_dict
 from moe_tutorial.moe.model import MoEForCausalLM, route
 from moe_tutorial.moe.routing import permute
-from moe_tutorial.perf.host_syncs import count_host_syncs
 from moe_tutorial.precision import hardware
 from moe_tutorial.precision.recipes import recipe_for, supported_recipes
 
@@ -52,14 +51,13 @@ def _fwd_bwd(module, x, idx, w, recipe=None):
     return out, x.grad, w.grad, path
 
 
-@pytest.mark.parametrize("host_counts", [False, True])
-def test_te_dispatch_equals_the_reference_permutation(te, host_counts):
+def test_te_dispatch_equals_the_reference_permutation(te):
     _, x, w, idx = _problem(skew=True)
     for align in (1, 16, 128):
-        d = te_dispatch(x, idx, w, 8, align, te, host_counts=host_counts)
+        d = te_dispatch(x, idx, w, 8, align, te)
         rows, row_w, perm = permute(x, idx, w, 8, align)
         assert d.rows_per_expert.tolist() == perm.m_splits.tolist()
-        assert d.rows_per_expert.device.type == ("cpu" if host_counts else "cuda")
+        assert d.rows_per_expert.device.type == "cuda"
         assert torch.equal(d.rows, rows), f"align {align}"
         torch.testing.assert_close(d.row_weights, row_w)
         y = rows * 2
@@ -68,31 +66,8 @@ def test_te_dispatch_equals_the_reference_permutation(te, host_counts):
                                    rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("recipe_name", [None, "Float8CurrentScaling"])
-def test_te_grouped_linear_host_counts_reads_once_and_computes_the_same(te, recipe_name):
-    """With `host_counts`, the dispatcher's one host read serves TE's permutation and both
-    grouped GEMMs, forward and backward (the default path synchronizes more often: the reads
-    inside TE's permutation wrapper and the backend's own .tolist()), and the same kernels on
-    the same inputs give the default path's outputs and gradients exactly."""
-    ref, x, w, idx = _problem(skew=True)
-    recipe = recipe_for(hardware.capabilities(), recipe_name).build() if recipe_name else None
-    results, syncs, places = {}, {}, {}
-    for host_counts in (False, True):
-        module = convert_experts(ref, "te_grouped_linear", host_counts=host_counts)
-        _fwd_bwd(module, x, idx, w, recipe)  # warm-up: TE's first call sets up its workspaces
-        syncs[host_counts], places[host_counts] = count_host_syncs(
-            lambda: results.__setitem__(host_counts, _fwd_bwd(module, x, idx, w, recipe)))
-    # gone: TE's wrapper's reads; the backend's .tolist() now reads the host copy, and the
-    # dispatcher's one read is new
-    assert syncs[True] == 1 < syncs[False], (syncs, places)
-    for a, b, what in zip(results[False][:3], results[True][:3], ("output", "input grad",
-                                                                  "routing-weight grad")):
-        assert torch.equal(a, b), what
-
-
 @pytest.mark.parametrize("backend, options", [("grouped_torch", {}), ("te_permute_grouped_mm", {}),
                                               ("te_grouped_linear", {}),
-                                              ("te_grouped_linear", dict(host_counts=True)),
                                               ("te_ops", {}), ("te_ops", dict(glu_interleave_size=32))])
 @pytest.mark.parametrize("skew", [False, True])
 def test_bf16_backends_match_the_loop(te, backend, options, skew):

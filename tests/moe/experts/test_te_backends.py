@@ -56,7 +56,6 @@ def _hf_grads(module):
 
 @pytest.mark.parametrize("backend, options", [
     ("te_grouped_linear", {}), ("te_grouped_linear", dict(align=16)),
-    ("te_grouped_linear", dict(host_counts=True)),
     ("te_ops", {}), ("te_ops", dict(align=128)), ("te_ops", dict(glu_interleave_size=32, align=256)),
 ])
 def test_te_backends_match_the_naive_loop(backend, options):

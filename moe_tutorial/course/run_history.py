@@ -85,26 +85,29 @@ def candidate_table() -> Table:
 
 def host_sync_rows() -> list[dict]:
     """Every committed training row that counted its host syncs (`host_syncs_per_step`), fastest
-    first within each run, with its speed against the compiled HF step (`hf_grouped_mm_compiled`)
-    of the same run where that ran."""
+    first within each run, with its speed against HF's compiled step given the same optimizer
+    (`bench.hf_twin`: with the compiled AdamW where the row compiles AdamW) of the same run,
+    where that ran; `hf_pair` names it."""
     found = []
     for run, report in bench.committed_train_runs():
         rows = _ok_rows(report)
-        hf = rows.get("hf_grouped_mm_compiled")
         for name, row in rows.items():
             if row.get("host_syncs_per_step") is None:
                 continue
+            twin = bench.hf_twin(name)
+            hf = rows.get(twin)
             found.append({"run": run, "gpu": report["environment"]["gpu"], "variant": name,
                           "ms": row["median_ms"], "syncs": row["host_syncs_per_step"],
+                          "hf_pair": twin,
                           "vs_hf_compiled": hf["median_ms"] / row["median_ms"] if hf else None})
     return sorted(found, key=lambda r: (r["run"], r["ms"]))
 
 
 def host_sync_table() -> Table:
     """`host_sync_rows` as a table: each step's time, its host syncs, and its speed against the
-    compiled HF step of the same run."""
-    return Table(["variant", "ms/step", "host syncs per step", "compiled HF / this, same run",
-                  "run"],
+    compiled HF step with the same optimizer, of the same run."""
+    return Table(["variant", "ms/step", "host syncs per step",
+                  "compiled HF, same AdamW / this, same run", "run"],
                  [[r["variant"], f"{r['ms']:.1f}", r["syncs"],
                    "-" if r["vs_hf_compiled"] is None else f"{r['vs_hf_compiled']:.2f}x",
                    f"{Path(r['run']).name} ({r['gpu']})"] for r in host_sync_rows()],

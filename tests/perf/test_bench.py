@@ -347,3 +347,14 @@ def test_an_unknown_variant_is_refused_in_one_line_naming_the_choices(capsys):
     assert len(err.splitlines()) == 1
     assert "unknown training variant 'ours_te_ops_fp8_step_in_backward'" in err
     assert all(name in err for name in bench.VARIANTS)
+
+
+def test_the_hf_twin_of_a_committed_variant_that_left_the_package_is_read_by_its_name():
+    """A committed row whose variant left the package still meets HF's step with its own
+    optimizer: the compiled AdamW where its name says the loss and AdamW were compiled."""
+    assert bench.hf_twin("ours_te_grouped_linear_fp8_host_counts_compiled") == (
+        "hf_grouped_mm_compiled_compiled_adamw")
+    assert bench.hf_twin("ours_sync_free_bf16_graphed_compiled_loss") == "hf_grouped_mm_compiled"
+    assert bench.hf_twin("ours_te_ops_fp8_compiled_loss_step_in_backward") == "hf_grouped_mm_compiled"
+    assert bench.hf_twin("hf_grouped_mm_compiled_step_in_backward") == "hf_grouped_mm_compiled"
+    assert bench.hf_twin("ours_te_ops_fp8_compiled") == "hf_grouped_mm_compiled_compiled_adamw"

@@ -149,9 +149,16 @@ CANDIDATE_VARIANTS = tuple(v.name for v in (*COMPILED_ALONE, *COMPILED_STEPS))
 
 def hf_twin(name: str) -> str:
     """HF's compiled step given what our step `name` adds outside the model: the compiled
-    AdamW where ours compiles AdamW (the loss is part of HF's compiled model already)."""
+    AdamW where ours compiles AdamW (the loss is part of HF's compiled model already). A
+    committed variant whose code left the package is read by its name, as `Variant.of` built
+    it: ours `_compiled` (loss and AdamW) or `_compiled_adamw`, HF `_compiled_adamw`."""
     v = VARIANTS.get(name)
-    compiled_adamw = bool(v and v.compiled_adamw)
+    if v is not None:
+        compiled_adamw = v.compiled_adamw
+    else:
+        parts = name.split("_")
+        compiled_adamw = "compiled_adamw" in name or (
+            name.startswith("ours_") and "compiled" in parts and "compiled_loss" not in name)
     return Variant.of("grouped_mm", hf=True, compiled=True, compiled_adamw=compiled_adamw).name
 
 

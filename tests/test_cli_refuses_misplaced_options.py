@@ -24,7 +24,7 @@ def test_an_option_of_another_te_backend_is_refused_with_the_backends_own():
     assert "align" in message and "cutlass" in message
 
 
-def test_a_te_backends_option_is_refused_by_the_others():
+def test_a_misspelt_option_is_refused_with_the_backends_own():
     experts = create("grouped_torch", 4, 16, 32)
     with pytest.raises(ValueError) as exc:
         convert_experts(experts, "te_ops", interleave=True)
